@@ -53,9 +53,9 @@ def headline(f: Finding) -> str:
     if f.kind == "kink":
         return f"kink: {f.primitive} at {f.where}: {f.values or f.title}"
     what = _result_word(f.result)
-    target = "the gradient" if f.phase == "gradient" else "the value"
+    target = "the gradient for" if f.phase == "gradient" else "the value of"
     if f.catalog_id == "nonfinite-input":
-        return f"{what} in {target} {_outputs(f)}: it was already in the input {f.values}".rstrip()
+        return f"{what} in {target} {_outputs(f)}: it was already in the input: {f.values}."
     lib = f" (inside {f.library})" if f.library else ""
     got = f.detail.get("got")
     s = f"{what} in {target} {_outputs(f)}: {f.primitive}{lib} at {f.where}"

@@ -1,0 +1,12 @@
+"""gradsan's JAX backend.
+
+    import gradsan.jax as gsj
+    print(gsj.explain(jax.grad(loss))(params))     # where a NaN gradient was born, and why
+    step = gsj.guard(train_step)                    # raises gradsan.NonFiniteError, with the report
+"""
+
+from . import safe as safe
+from ._explain import explain as explain
+from ._guard import guard as guard
+
+__all__ = ["explain", "guard", "safe"]

@@ -1,0 +1,392 @@
+"""gradsan.jax.explain: interpret the program, blame along the dataflow, build the Report."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import _catalog
+from .._catalog._classify import classify, format_value
+from .._errors import UsageError
+from .._report import Finding, OutputHit, Report
+from .._report._build import catalog_finding
+from . import _rules
+from ._interpret import FINITE, INF, NAN, Interpreter, Node, group_key
+from ._source import exclude_gradsan
+
+exclude_gradsan()
+
+_FORM_NAMES = {"mul": "0*inf", "div": "0/0"}
+
+
+# -- input checks -------------------------------------------------------------------------------
+
+def check_callable(fun: Any, who: str) -> None:
+    if not callable(fun):
+        raise UsageError(
+            f"gradsan.jax.{who} takes a function, got {type(fun).__name__} {fun!r:.60}. "
+            f"Wrap the function, then call it: gradsan.jax.{who}(jax.grad(loss))(params)"
+        )
+
+
+def check_args(flat_args: list, labels: list[str], who: str) -> None:
+    for a, label in zip(flat_args, labels):
+        if isinstance(a, (str, bytes)):
+            raise UsageError(
+                f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__} ({a!r:.40}); "
+                "JAX can only trace arrays and numbers. Bind non-array arguments first: "
+                f"gradsan.jax.{who}(functools.partial(fun, {label.split('[')[0]}={a!r:.20}))(...)"
+            )
+        if not (isinstance(a, (jax.Array, np.ndarray, np.generic, int, float, complex, bool))
+                or hasattr(a, "__jax_array__") or hasattr(a, "dtype")):
+            raise UsageError(
+                f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__}, which JAX cannot "
+                "trace. Pass arrays (jnp.asarray(x)) or bind it with functools.partial."
+            )
+
+
+def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], list]:
+    """Names for the flattened arguments: ``theta``, ``params['w']``."""
+    try:
+        sig = inspect.signature(fun)
+        names = [p.name for p in sig.parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        names = []
+    labels: list[str] = []
+    leaves: list = []
+    for i, a in enumerate(args):
+        base = names[i] if i < len(names) and not names[i].startswith("*") else f"args[{i}]"
+        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
+            labels.append(base + jax.tree_util.keystr(path))
+            leaves.append(leaf)
+    for k, a in kwargs.items():
+        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
+            labels.append(k + jax.tree_util.keystr(path))
+            leaves.append(leaf)
+    return labels, leaves
+
+
+def output_labels(out_shape: Any, args: tuple, in_labels: list[str]) -> list[str]:
+    """Paths of the outputs. A gradient shaped like the first argument is named after it."""
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]]
+    if args:
+        first = jax.tree_util.tree_structure(args[0])
+        n_first = first.num_leaves
+        if jax.tree_util.tree_structure(out_shape) == first:
+            return in_labels[:n_first]
+        # value_and_grad: (value, grad) / ((value, aux), grad)
+        if (isinstance(out_shape, tuple) and len(out_shape) == 2
+                and jax.tree_util.tree_structure(out_shape[1]) == first):
+            n_val = len(jax.tree_util.tree_leaves(out_shape[0]))
+            vals = ["value" + p[3:] if p.startswith("[0]") else p for p in paths[:n_val]]
+            return vals + ["grad " + lbl for lbl in in_labels[:n_first]]
+    return [("output" + p) if p else "output" for p in paths]
+
+
+# -- blame --------------------------------------------------------------------------------------
+
+def _stat(src) -> int:
+    return FINITE if src is None else src[0].status[src[1]]
+
+
+def walk(src) -> list[tuple[Node, Node | None]]:
+    """Follow a non-finite value back along the dataflow to where it was born.
+
+    Returns the origins, each with its poison: an origin has only finite inputs (or is an
+    input or a constant); its poison is the first node on the way where NaN appeared from
+    inf-but-not-NaN inputs. Constants (jnp.var's NaN fill) are reported only when nothing else
+    explains the value.
+    """
+    found: list[tuple[Node, Node | None]] = []
+    seen: set[int] = set()
+    stack = [(src, None)]
+    while stack:
+        (node, k), poison = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.kind in ("input", "const"):
+            found.append((node, poison))
+            continue
+        if node.kind == "stack":
+            first = next(s for s in node.ins if _stat(s) != FINITE)
+            stack.append((first, poison))
+            continue
+        bad = [s for s in node.ins if _stat(s) != FINITE]
+        if not bad:
+            found.append((node, poison))
+            continue
+        out = node.status[k]
+        nan_in = [s for s in bad if _stat(s) == NAN]
+        if poison is None and out == NAN and not nan_in:
+            poison = node
+        follow = (nan_in or bad) if out == NAN else bad
+        for s in reversed(follow):
+            stack.append((s, poison))
+    real = [f for f in found if f[0].kind != "const"]
+    return real or found
+
+
+def _forward_node(interp: Interpreter, origin: Node) -> Node | None:
+    """The primal operation the origin belongs to: sqrt for sqrt's jvp coefficient.
+
+    Operations at the same source position in the same scope form a group (the primal op and
+    the equations of its derivative rule). The primal op is the group's hit that does not
+    itself consume another group member's output (the coefficient ``0.5 / sqrt(x)`` does).
+    """
+    cands = interp.hits_by_key.get(group_key(origin.scope, origin.place)) if origin.place else None
+    if cands:
+        before = [c for c in cands if c.seq <= origin.seq] or cands
+        group = {id(c) for c in before}
+        node = before[-1]
+        for _ in range(4):
+            parent = next((s[0] for s in node.ins if s is not None and id(s[0]) in group), None)
+            if parent is None:
+                break
+            node = parent
+        return node
+    if origin.hit is not None:
+        return origin
+    # a few hops back along the inputs (the coefficient of acos is rsqrt(1 - x*x))
+    frontier = [s[0] for s in origin.ins if s is not None]
+    for _ in range(3):
+        nxt = []
+        for n in frontier:
+            if n.hit is not None:
+                return n
+            nxt += [s[0] for s in n.ins if s is not None]
+        frontier = nxt
+    return None
+
+
+def _result_word(node: Node) -> str:
+    if node.outs is not None and node.first_bad is not None:
+        for o in node.outs:
+            a = np.asarray(o)
+            if a.dtype.kind in "fc" and not np.isfinite(a).all():
+                v = a[node.first_bad] if a.ndim == len(node.first_bad) else a.flat[0]
+                return format_value(v)
+    return {NAN: "nan", INF: "inf"}.get(max(node.status), "nan")
+
+
+def _at(arr: np.ndarray, idx: tuple, shape: tuple) -> Any:
+    a = np.broadcast_to(arr, shape) if np.shape(arr) != shape else arr
+    return a[idx] if len(idx) == a.ndim else a.flat[0]
+
+
+def _poison_details(poison: Node) -> dict[str, Any]:
+    """Which indeterminate form, and which operand supplied the zero."""
+    prim = poison.prim
+    ops = poison.operands or []
+    idx = poison.first_bad or ()
+    out_shape = np.shape(poison.outs[0]) if poison.outs else ()
+    vals = []
+    for o in ops:
+        try:
+            vals.append(_at(o, idx, out_shape))
+        except (ValueError, IndexError):
+            vals.append(None)
+    res: dict[str, Any] = {"form": None, "zero_operand": None, "text": ""}
+    if prim == "mul" and len(vals) == 2 and all(v is not None for v in vals):
+        a, b = (float(np.real(v)) for v in vals)
+        if a == 0 and np.isinf(b):
+            res.update(form="0*inf", zero_operand=0,
+                       text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan")
+        elif b == 0 and np.isinf(a):
+            res.update(form="0*inf", zero_operand=1,
+                       text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan")
+    elif prim == "div" and len(vals) == 2 and all(v is not None for v in vals):
+        a, b = (float(np.real(v)) for v in vals)
+        if a == 0 and b == 0:
+            res.update(form="0/0", zero_operand=0, text="0.0 / 0.0 = nan")
+        elif np.isinf(a) and np.isinf(b):
+            res.update(form="inf/inf", text=f"{format_value(vals[0])} / {format_value(vals[1])} = nan")
+    elif prim in _rules.SUM_PRIMS:
+        res.update(form="inf-inf", text="inf + (-inf) = nan")
+    elif prim in _rules.PRODUCT_PRIMS:
+        has_zero = any(np.any(np.asarray(o) == 0) for o in ops)
+        res.update(form="0*inf" if has_zero else "inf-inf",
+                   text=f"0 * inf or inf - inf inside {prim} = nan")
+    else:
+        res.update(text=f"{prim} of an infinite input = nan")
+    return res
+
+
+def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
+                    hits: list[OutputHit]) -> Finding:
+    if origin.kind in ("input", "const"):
+        a = origin.outs[0] if origin.outs else np.array(np.nan)
+        bad = ~np.isfinite(a)
+        got = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
+        label = f"`{origin.label}`" if origin.kind == "input" else origin.label
+        f = catalog_finding(
+            backend="jax", entry_id="nonfinite-input", phase="value",
+            primitive="input" if origin.kind == "input" else "constant", where=None,
+            result=got, count=int(bad.sum()), size=int(a.size), index=origin.first_bad,
+            outputs=hits, detail={"input": origin.label},
+        )
+        f.values = (f"{label} holds {got} in {int(bad.sum())} of {a.size} elements"
+                    + (f", first at {list(origin.first_bad)}" if origin.first_bad else ""))
+        return f
+    fwd = _forward_node(interp, origin)
+    result = _result_word(origin)
+    lib = origin.library or (fwd.library if fwd is not None else None)
+    entry_id = None
+    got = count = size = index = None
+    primitive = origin.prim
+    if fwd is not None:
+        h = fwd.hit
+        entry_id, got, count, size, index = h.entry_id, h.got, h.count, h.size, h.index
+        primitive = fwd.prim
+    else:
+        op = _rules.canonical_op(origin.prim)
+        hit = classify(op, origin.operands or [], origin.outs[0] if origin.outs else None,
+                       _rules.params_for(origin.prim, origin.eqn.params)) if op else None
+        if hit is None:
+            hit = _overflow_hit(origin)
+        if hit is not None:
+            entry_id, got, count, size, index = (hit.entry_id, hit.got, hit.count,
+                                                 int(hit.mask.size), hit.first_index)
+    if lib is not None:
+        lib_entry = _catalog.for_library(lib)
+        if lib_entry is not None and (entry_id is None or lib_entry.op != "input"):
+            entry_id = lib_entry.id
+    value_phase = fwd is origin and not getattr(origin, "backward", False)
+    where = (fwd or origin).user_frame
+    detail: dict[str, Any] = {"origin_op": origin.prim}
+    if fwd is not None and fwd is not origin:
+        detail["note"] = f"its derivative is {result} there"
+    else:
+        detail["note"] = f"it returned {result}"
+    zero_from = met_where = None
+    form = met_op = None
+    if poison is not None:
+        pd = _poison_details(poison)
+        form, met_op = pd["form"], poison.prim
+        met_where = poison.user_frame
+        detail["met_text"] = pd["text"] + f" in `{poison.prim}`" if pd["text"] else ""
+        detail["met_value"] = result
+        if pd["zero_operand"] is not None:
+            zsrc = poison.ins[pd["zero_operand"]]
+            if zsrc is not None:
+                zero_from = zsrc[0].user_frame
+            else:
+                detail["met_text"] += " (the zero is a constant)"
+                zero_from = poison.user_frame
+        if form == "inf-inf":
+            zero_from = None
+    ctx = origin.scope.context if origin.scope else ""
+    if poison is not None and poison.scope is not None and poison.scope.context and not ctx:
+        ctx = poison.scope.context
+    shown = "nan" if any(h.nan for h in hits) else result
+    f = catalog_finding(
+        backend="jax", entry_id=entry_id,
+        phase="value" if value_phase else "gradient",
+        primitive=primitive, where=where, result=shown,
+        backend_op=f"{origin.prim}" + (" (backward)" if getattr(origin, "backward", False) else ""),
+        got=got, count=count or 0, size=size or 0, index=index,
+        library=lib, zero_from=zero_from, form=form, met_op=met_op, met_where=met_where,
+        context=ctx, scope=origin.scope.path if origin.scope else "",
+        outputs=hits, detail=detail,
+    )
+    if entry_id is None:
+        f.explanation = (
+            f"`{origin.prim}` produced {result} from finite inputs. It is not in gradsan's "
+            "catalog of singular operations; look at its operand values at the index shown."
+        )
+    return f
+
+
+def _overflow_hit(origin: Node):
+    try:
+        from .._catalog._classify import classify_overflow
+    except ImportError:
+        return None
+    if not origin.outs or origin.operands is None:
+        return None
+    return classify_overflow(origin.prim, origin.operands, origin.outs[0])
+
+
+# -- the transformation -------------------------------------------------------------------------
+
+def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
+             outputs: Any = None, run_outputs: bool = True) -> Report:
+    labels, leaves = arg_labels(fun, args, kwargs)
+    check_args(leaves, labels, who)
+    flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+
+    def flat_fun(*flat):  # a fresh closure per call: make_jaxpr caches per callable (P7)
+        a, k = jax.tree_util.tree_unflatten(in_tree, list(flat))
+        return fun(*a, **k)
+
+    try:
+        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat_args)
+    except TypeError as e:
+        msg = str(e)
+        if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():
+            raise UsageError(
+                f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
+                "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
+            ) from e
+        raise
+    interp = Interpreter()
+    outs, out_srcs = interp.run_closed(closed, flat_args, labels)
+    out_labels = output_labels(out_shape, args, labels)
+    if outputs is None and run_outputs:
+        outputs = fun(*args, **kwargs)
+    report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
+    groups: dict[int, tuple[Node, Node | None, list[OutputHit]]] = {}
+    order: list[int] = []
+    for val, src, label in zip(outs, out_srcs, out_labels):
+        if src is None or _stat(src) == FINITE:
+            continue
+        a = np.asarray(val)
+        if a.dtype.kind not in "fc":
+            a = a.astype(np.float32)
+        nan = int(np.isnan(a).sum())
+        inf = int(np.isinf(a).sum())
+        hit = OutputHit(label, nan + inf, int(a.size), nan, inf)
+        for origin, poison in walk(src):
+            # the same equation in many loop iterations is one finding, at its first iteration
+            key = id(origin.eqn) if origin.eqn is not None else id(origin)
+            if key not in groups:
+                groups[key] = (origin, poison, [])
+                order.append(key)
+            elif origin.seq < groups[key][0].seq:
+                groups[key] = (origin, poison or groups[key][1], groups[key][2])
+            if hit not in groups[key][2]:
+                groups[key][2].append(hit)
+    order.sort(key=lambda k: groups[k][0].seq)
+    for key in order:
+        origin, poison, hits = groups[key]
+        report.findings.append(_origin_finding(interp, origin, poison, hits))
+    return report
+
+
+def explain(fun: Callable) -> Callable[..., Report]:
+    """Wrap ``fun`` so that calling it returns a :class:`gradsan.Report` on its outputs.
+
+    ``fun`` is anything JAX can trace: ``jax.grad(loss)``, ``jax.value_and_grad(loss)``, a
+    jitted train step. The program is interpreted equation by equation; every non-finite output
+    is followed back along the dataflow to the operation where the NaN or Inf was born, and to
+    the place where an inf met the zero that made it a NaN.
+
+    Example::
+
+        report = gradsan.jax.explain(jax.grad(loss))(theta)
+        print(report)            # origin, where it met a zero, why, and a fix
+        report.outputs           # what jax.grad(loss)(theta) returned
+    """
+    check_callable(fun, "explain")
+
+    @functools.wraps(fun)
+    def explained(*args: Any, **kwargs: Any) -> Report:
+        return diagnose(fun, args, kwargs, who="explain")
+
+    return explained

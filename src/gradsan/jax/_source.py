@@ -1,0 +1,191 @@
+"""Equation -> the user's Frame, and the library function it ran inside.
+
+Tracebacks come from ``Traceback.raw_frames()`` (innermost first) and ``co_positions`` for
+columns: public API only. Frames in jax, jaxlib, gradsan and known libraries are not the user's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import linecache
+import os
+import sys
+
+from .._report import Frame
+
+_SEP = os.sep
+_GRADSAN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Libraries: frames inside them are never "the user's line"; their functions can be named.
+_LIBRARIES = {
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}linalg.py": "jnp.linalg",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}reductions.py": "jnp",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}lax_numpy.py": "jnp",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}tensor_contractions.py": "jnp",
+    f"jax{_SEP}_src{_SEP}nn{_SEP}functions.py": "jax.nn",
+    f"jax{_SEP}_src{_SEP}ops{_SEP}special.py": "jax.scipy.special",
+    f"jax{_SEP}_src{_SEP}scipy{_SEP}special.py": "jax.scipy.special",
+    f"jax{_SEP}_src{_SEP}lax{_SEP}linalg.py": "jax.lax.linalg",
+    f"{_SEP}flax{_SEP}": "flax",
+    f"{_SEP}optax{_SEP}": "optax",
+    f"{_SEP}equinox{_SEP}": "equinox",
+    f"{_SEP}haiku{_SEP}": "haiku",
+}
+# Plumbing: jax's own machinery, never a key frame or a library name.
+_PLUMBING = (
+    f"jax{_SEP}_src{_SEP}lax{_SEP}lax.py",
+    f"jax{_SEP}_src{_SEP}lax{_SEP}special.py",
+    f"jax{_SEP}_src{_SEP}lax{_SEP}control_flow",
+    f"jax{_SEP}_src{_SEP}pjit.py",
+    f"jax{_SEP}_src{_SEP}core.py",
+    f"jax{_SEP}_src{_SEP}interpreters{_SEP}",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}ufunc_api.py",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}array_methods.py",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}ufuncs.py",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}util.py",
+    f"jax{_SEP}_src{_SEP}source_info_util.py",
+    f"jax{_SEP}_src{_SEP}api.py",
+    f"jax{_SEP}_src{_SEP}api_util.py",
+    f"jax{_SEP}_src{_SEP}linear_util.py",
+    f"jax{_SEP}_src{_SEP}traceback_util.py",
+    f"jax{_SEP}_src{_SEP}custom_derivatives.py",
+    f"jax{_SEP}_src{_SEP}ad_checkpoint.py",
+    f"jax{_SEP}_src{_SEP}util.py",
+    f"jax{_SEP}_src{_SEP}dtypes.py",
+    f"jax{_SEP}_src{_SEP}lax{_SEP}slicing.py",
+    f"jax{_SEP}_src{_SEP}numpy{_SEP}indexing.py",
+    f"jax{_SEP}_src{_SEP}tree_util.py",
+    f"jax{_SEP}_src{_SEP}shard_map.py",
+)
+def _package_dirs(*names: str) -> tuple[str, ...]:
+    import importlib.util
+
+    dirs = []
+    for n in names:
+        try:
+            spec = importlib.util.find_spec(n)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            dirs += [os.path.join(d, "") for d in spec.submodule_search_locations]
+    return tuple(dirs)
+
+
+_PACKAGE_DIRS = _package_dirs("jax", "jaxlib", "numpy", "ml_dtypes")
+_NOT_USER = (
+    f"{_SEP}site-packages{_SEP}",
+    f"{_SEP}dist-packages{_SEP}",
+    f"{_SEP}lib{_SEP}python3",
+    "<frozen ",
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_class(filename: str) -> str:
+    """'user', 'library:<prefix>', 'plumbing' or 'internal'."""
+    if filename.startswith(_GRADSAN_DIR):
+        return "plumbing"
+    for pat in _PLUMBING:
+        if pat in filename:
+            return "plumbing"
+    for pat, prefix in _LIBRARIES.items():
+        if pat in filename:
+            return "library:" + prefix
+    if filename.startswith(_PACKAGE_DIRS) or any(p in filename for p in _NOT_USER):
+        return "internal"
+    return "user"
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where an equation came from. ``user`` is None inside a library jit's body."""
+
+    user: Frame | None
+    key: tuple | None  # the innermost non-plumbing position: groups a primal op with its jvp
+    library: str | None  # "jnp.linalg.norm"
+
+
+_EMPTY = Place(None, None, None)
+
+
+def _position(code, lasti: int):
+    try:
+        pos = list(code.co_positions())[lasti // 2]
+    except (IndexError, ValueError, AttributeError):
+        return None
+    return pos  # (line, end_line, col, end_col)
+
+
+def _frame(code, lasti: int) -> Frame | None:
+    pos = _position(code, lasti)
+    if pos is None or pos[0] is None:
+        return None
+    line, end_line, col, end_col = pos
+    if end_line != line:
+        end_col = None
+    text = linecache.getline(code.co_filename, line).rstrip("\n")
+    return Frame(
+        file=code.co_filename,
+        line=line,
+        column=col,
+        function=code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+        code=text,
+        end_column=end_col,
+    )
+
+
+def _libname(prefix: str, func: str) -> str:
+    func = func.split(".")[-1].lstrip("_") or func
+    if prefix in ("flax", "optax", "equinox", "haiku"):
+        return f"{prefix} ({func})"
+    return f"{prefix}.{func}"
+
+
+def place(source_info) -> Place:
+    tb = getattr(source_info, "traceback", None)
+    if tb is None:
+        return _EMPTY
+    return _place_of(tb)
+
+
+@functools.lru_cache(maxsize=65536)
+def _place_of(tb) -> Place:
+    try:
+        codes, lastis = tb.raw_frames()
+    except Exception:  # pragma: no cover - jaxlib without raw_frames
+        return _EMPTY
+    key = None
+    library = None
+    for code, lasti in zip(codes, lastis):
+        cls = _file_class(code.co_filename)
+        if cls == "plumbing" or cls == "internal":
+            continue
+        if key is None:
+            pos = _position(code, lasti)
+            key = (code.co_filename, pos)
+        if cls.startswith("library:"):
+            library = _libname(cls[8:], code.co_name)  # outermost library frame wins
+            continue
+        # the first user frame
+        return Place(_frame(code, lasti), key, library)
+    return Place(None, key, library)
+
+
+def exclude_gradsan() -> None:
+    """Keep gradsan's own frames out of jax's tracebacks (as Equinox does)."""
+    try:
+        from jax.extend import source_info_util as siu
+
+        siu.register_exclusion(_GRADSAN_DIR)
+    except Exception:  # pragma: no cover
+        pass
+
+
+def caller_frame(depth: int = 2) -> Frame | None:
+    f = sys._getframe(depth)
+    while f is not None and _file_class(f.f_code.co_filename) != "user":
+        f = f.f_back
+    if f is None:
+        return None
+    return _frame(f.f_code, f.f_lasti)

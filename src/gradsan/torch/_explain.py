@@ -1,0 +1,506 @@
+"""`gradsan.torch.explain`: run forward and backward under the tracer and say where each
+non-finite value was born, in the user's own lines."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .._catalog import _classify
+from .._errors import UsageError
+from .._report import Finding, OutputHit, Report
+from .._report._build import catalog_finding
+from . import _rules
+from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
+from ._source import user_frame_object
+
+BACKEND = "torch"
+
+
+# ---- naming -------------------------------------------------------------------------------------
+
+
+def check_modules(module: Any) -> list[tuple[torch.nn.Module, str]]:
+    """Normalize the ``module=`` argument: a Module, a dict name -> Module, or a sequence."""
+    if module is None:
+        return []
+    if isinstance(module, torch.nn.Module):
+        return [(module, _name_in_caller(module) or "model")]
+    if isinstance(module, dict) and all(isinstance(m, torch.nn.Module) for m in module.values()):
+        return [(m, str(k)) for k, m in module.items()]
+    if isinstance(module, (list, tuple)) and all(isinstance(m, torch.nn.Module) for m in module):
+        return [(m, _name_in_caller(m) or f"model{i}") for i, m in enumerate(module)]
+    raise UsageError(
+        f"module= takes a torch.nn.Module, a dict of them (name -> module) or a list of them, "
+        f"not {type(module).__name__}. For example: gradsan.torch.explain(module=model)"
+    )
+
+
+def _name_in_caller(obj: Any) -> str | None:
+    f = user_frame_object(2)
+    if f is None:
+        return None
+    for k, v in f.f_locals.items():
+        if v is obj and not k.startswith("_"):
+            return k
+    return None
+
+
+class Namer:
+    """Names tensors for the report: module parameters by their nn.Module path, then the
+    user's local variables and the function's arguments."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, str] = {}
+
+    def add_modules(self, mods: list[tuple[Any, str]]) -> None:
+        for m, prefix in mods:
+            for n, p in m.named_parameters(remove_duplicate=False):
+                self.names.setdefault(id(p), f"{prefix}.{n}")
+            for n, b in m.named_buffers(remove_duplicate=False):
+                self.names.setdefault(id(b), f"{prefix}.{n}")
+
+    def add_locals(self, mapping: dict[str, Any], prefix: str = "") -> None:
+        for k, v in mapping.items():
+            if k.startswith("__"):
+                continue
+            if isinstance(v, torch.Tensor):
+                self.names.setdefault(id(v), prefix + k)
+            elif isinstance(v, (list, tuple)) and len(v) < 64:
+                for i, x in enumerate(v):
+                    if isinstance(x, torch.Tensor):
+                        self.names.setdefault(id(x), f"{prefix}{k}[{i}]")
+            elif isinstance(v, dict) and len(v) < 64:
+                for kk, x in v.items():
+                    if isinstance(x, torch.Tensor):
+                        self.names.setdefault(id(x), f"{prefix}{k}[{kk!r}]")
+
+    def name(self, t: torch.Tensor) -> str:
+        n = self.names.get(id(t))
+        if n is not None:
+            return n
+        return f"tensor of shape {tuple(t.shape)}"
+
+    def module_paths(self, mods: list[tuple[Any, str]]) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for m, prefix in mods:
+            for n, sub in m.named_modules():
+                out.setdefault(id(sub), f"{prefix}.{n}" if n else prefix)
+        return out
+
+
+# ---- findings -------------------------------------------------------------------------------------
+
+
+def _hit(tag: Tag | None) -> _classify.Hit | None:
+    if tag is None or tag.op is None or not tag.operands:
+        return None
+    op = tag.op
+    params = dict(tag.params)
+    if params.pop("integer_pow", False):
+        op = "integer_pow"
+    operands = [_rules.to_numpy(o) for o in tag.operands if o is not None]
+    try:
+        return _classify.classify(op, operands, None, params)
+    except Exception:  # a predicate that cannot read these operands is not a finding
+        return None
+
+
+def _result(t: torch.Tensor) -> str:
+    if bool(torch.isnan(t).any()):
+        return "nan"
+    if bool((t == float("inf")).any()):
+        return "inf"
+    return "-inf"
+
+
+def _nonfinite_stats(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    bad = ~torch.isfinite(t)
+    nz = bad.nonzero()
+    idx = tuple(int(i) for i in nz[0]) if len(nz) else ()
+    return int(bad.sum()), t.numel(), idx
+
+
+def output_hit(path: str, t: torch.Tensor) -> OutputHit:
+    return OutputHit(
+        path=path,
+        count=int((~torch.isfinite(t)).sum()),
+        size=t.numel(),
+        nan=int(torch.isnan(t).sum()),
+        inf=int(torch.isinf(t).sum()),
+    )
+
+
+def _scope(tag: Tag | None, paths: dict[int, str]) -> str:
+    if tag is None or tag.module is None:
+        return ""
+    m = tag.module()
+    return paths.get(id(m), type(m).__name__) if m is not None else ""
+
+
+def finding_for(
+    root: Event | External,
+    poison: Event | None,
+    consumer: Event | None,
+    phase: str,
+    outputs: list[OutputHit],
+    result: str,
+    namer: Namer,
+    paths: dict[int, str],
+) -> Finding:
+    if isinstance(root, External):
+        t = root.tensor
+        count, size, idx = _nonfinite_stats(t)
+        tag = consumer.tag if consumer is not None else None
+        name = namer.name(t)
+        values = f"`{name}` ({_result(t)} in {count} of {size} elements"
+        values += f", first at [{', '.join(map(str, idx))}])" if size > 1 else ")"
+        f = catalog_finding(
+            backend=BACKEND,
+            entry_id="nonfinite-input",
+            phase=phase,
+            primitive="input",
+            where=tag.frame if tag else None,
+            result=result,
+            backend_op=tag.name if tag else "",
+            count=count,
+            size=size,
+            index=idx,
+            scope=_scope(tag, paths),
+            outputs=outputs,
+            detail={"input": name},
+        )
+        f.values = values
+        return f
+    tag = root.tag
+    hit = _hit(tag)
+    entry_id = hit.entry_id if hit else None
+    library = None
+    if tag is not None and tag.library:
+        library = tag.library
+    if entry_id is None and tag is not None:
+        from .. import _catalog
+
+        lib = _catalog.for_library(tag.library or tag.name)
+        if lib is not None:
+            entry_id = lib.id
+    primitive = (tag.op or tag.name) if tag is not None else root.op
+    if tag is not None and tag.op in ("reduce_max", "reduce_min", "select_n"):
+        primitive = tag.name
+    if root.phase == "backward":
+        backend_op = f"{root.op} in {root.node.name()}"
+    else:
+        backend_op = tag.qualname if tag and tag.qualname else root.op
+    if hit is not None:
+        got, count, size, idx = hit.got, hit.count, int(hit.mask.size), hit.first_index
+    else:
+        count, size, idx = _nonfinite_stats(root.out)
+        got = None
+    detail: dict[str, Any] = {}
+    if root.node is not None:
+        detail["node"] = root.node.name()
+    if hit is not None and got is not None and tag is not None and tag.op == "sqrt":
+        detail.setdefault("note", "its derivative is inf there")
+    form = zero_from = met_op = None
+    if poison is not None and poison.form:
+        form = poison.form
+        zero_from = poison.zero_from
+        met_op = f"{poison.op} in {poison.node.name()}" if poison.node is not None else poison.op
+        detail["met_text"] = f"{form} = NaN in {met_op}"
+    return catalog_finding(
+        backend=BACKEND,
+        entry_id=entry_id,
+        phase=phase,
+        primitive=primitive,
+        where=tag.frame if tag else None,
+        result=result,
+        backend_op=backend_op,
+        got=got,
+        count=count,
+        size=size,
+        index=idx,
+        library=library,
+        zero_from=zero_from,
+        form=form,
+        met_op=met_op,
+        scope=_scope(tag, paths),
+        outputs=outputs,
+        detail=detail,
+    )
+
+
+def build_report(
+    tracer: Tracer,
+    report: Report,
+    *,
+    modules: list[tuple[Any, str]],
+    namer: Namer,
+    extra_leaves: list[torch.Tensor] = (),  # type: ignore[assignment]
+) -> Report:
+    mods = list(modules) + [(m, n) for m, n in tracer.roots if all(m is not x for x, _ in modules)]
+    namer.add_modules(mods)
+    paths = namer.module_paths(mods)
+    groups: dict[tuple[int, str], dict[str, Any]] = {}
+    order: list[tuple[int, str]] = []
+
+    def add(start: Event | External, phase: str, hit: OutputHit, result: str) -> None:
+        for root, poison, consumer in blame3(tracer, start):
+            k = (id(root), phase)
+            g = groups.get(k)
+            if g is None:
+                g = groups[k] = {
+                    "root": root,
+                    "poison": poison,
+                    "consumer": consumer,
+                    "outputs": [],
+                    "result": result,
+                    "phase": phase,
+                }
+                order.append(k)
+            if all(o.path != hit.path for o in g["outputs"]):
+                g["outputs"].append(hit)
+            if result == "nan":
+                g["result"] = "nan"
+
+    # value phase: the loss that backward was called on (or that fn returned)
+    value_roots: set[int] = set()
+    seen_loss: set[int] = set()
+    for loss in tracer.losses:
+        if id(loss) in seen_loss or not isinstance(loss, torch.Tensor):
+            continue
+        seen_loss.add(id(loss))
+        if loss.is_floating_point() and not all_finite(loss):
+            start = tracer.producer_of(loss) or External(loss)
+            name = namer.names.get(id(loss), "loss")
+            add(start, "value", output_hit(name, loss), _result(loss))
+            value_roots.update(id(r) for r, _, _ in blame3(tracer, start))
+    # gradient phase: every leaf the backward reached
+    leaves: dict[int, torch.Tensor] = dict(tracer.leaves)
+    for t in extra_leaves:
+        leaves.setdefault(id(t), t)
+    for m, _ in mods:
+        for p in m.parameters():
+            leaves.setdefault(id(p), p)
+    unexplained = []
+    for t in leaves.values():
+        g = t.grad
+        if g is None or not g.is_floating_point() or all_finite(g):
+            continue
+        start = tracer.producer_of(g)
+        hit = output_hit(namer.name(t), g)
+        if start is None:
+            unexplained.append(hit)
+            continue
+        for root, _, _ in blame3(tracer, start):
+            if id(root) in value_roots:  # the same origin already explains the loss
+                for k in order:
+                    if k == (id(root), "value"):
+                        outs = groups[k]["outputs"]
+                        if all(o.path != hit.path for o in outs):
+                            outs.append(hit)
+                break
+        else:
+            add(start, "gradient", hit, _result(g))
+    for k in order:
+        g = groups[k]
+        report.findings.append(
+            finding_for(
+                g["root"], g["poison"], g["consumer"], g["phase"], g["outputs"], g["result"],
+                namer, paths,
+            )
+        )
+    if unexplained:
+        names = ", ".join(f"`{h.path}`" for h in unexplained[:5])
+        report.notes.append(
+            f"the gradient of {names} is non-finite but gradsan did not see the operation that "
+            "produced it (was backward run outside the explain block, or under torch.compile?)"
+        )
+    return report
+
+
+def blame3(tracer: Tracer, start: Event | External):
+    pairs = tracer.blame(start)
+    out = []
+    for root, poison in pairs:
+        consumer = _consumer_of(tracer, start, root)
+        out.append((root, poison, consumer))
+    return out
+
+
+def _consumer_of(tracer: Tracer, start: Event | External, root: Event | External) -> Event | None:
+    if not isinstance(root, External):
+        return None
+    # the first event (nearest the root) that read this external tensor
+    stack: list[Any] = [start]
+    seen: set[int] = set()
+    while stack:
+        ev = stack.pop()
+        if id(ev) in seen or not isinstance(ev, Event):
+            continue
+        seen.add(id(ev))
+        for _, prod in ev.inputs:
+            if prod is root:
+                return ev
+            stack.append(prod)
+    return None
+
+
+# ---- public API -----------------------------------------------------------------------------------
+
+
+class _Session:
+    """A context manager that traces a block and fills a Report at exit."""
+
+    kinks = False
+    function = "the with-block"
+
+    def __init__(self, module: Any = None, *, _caller_depth: int = 3) -> None:
+        self.modules = check_modules(module)
+        self.report = Report(backend=BACKEND, function=self.function)
+        self.tracer: Tracer | None = None
+        self.namer = Namer()
+        self.extra_leaves: list[torch.Tensor] = []
+
+    def __enter__(self) -> Report:
+        self.tracer = Tracer(kinks=self.kinks)
+        self.tracer.__enter__()
+        return self.report
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        tracer = self.tracer
+        assert tracer is not None
+        tracer.__exit__(exc_type, exc, tb)
+        self.tracer = None
+        if exc_type is not None:
+            return
+        f = user_frame_object(2)
+        if f is not None:
+            self.namer.add_locals(dict(f.f_locals))
+        self.finish(tracer)
+
+    def finish(self, tracer: Tracer) -> None:
+        build_report(
+            tracer, self.report, modules=self.modules, namer=self.namer,
+            extra_leaves=self.extra_leaves,
+        )
+
+
+def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -> Report:
+    """Run ``fn(*args, **kwargs)`` under ``session``; backward the returned loss if fn did not."""
+    try:
+        sig = inspect.signature(fn)
+        bound = sig.bind_partial(*args, **kwargs)
+        session.namer.add_locals(dict(bound.arguments))
+    except (TypeError, ValueError):
+        session.namer.add_locals({f"args[{i}]": a for i, a in enumerate(args)})
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.nn.Module):
+            session.modules.append((a, _arg_name(fn, a, args, kwargs)))
+    session.extra_leaves = [t for t in tensors_in((args, kwargs)) if t.requires_grad and t.is_leaf]
+    session.report.function = getattr(fn, "__name__", "function")
+    report = session.__enter__()
+    tracer = session.tracer
+    assert tracer is not None
+    ok = False
+    try:
+        out = fn(*args, **kwargs)
+        loss = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
+        if isinstance(loss, torch.Tensor):
+            if tracer.backward_calls == 0 and loss.requires_grad and loss.grad_fn is not None:
+                if loss.numel() != 1:
+                    raise UsageError(
+                        f"{report.function} returned a loss of shape {tuple(loss.shape)}; "
+                        "gradsan calls loss.backward() on what fn returns, which needs a scalar. "
+                        "Return loss.sum() (or loss.mean()), or call backward inside fn."
+                    )
+                loss.backward()
+            elif tracer.backward_calls == 0:
+                tracer.losses.append(loss)
+        report.outputs = out
+        ok = True
+    finally:
+        tracer.__exit__(None, None, None)
+        session.tracer = None
+    if ok:
+        session.finish(tracer)
+    return report
+
+
+def _arg_name(fn: Callable, obj: Any, args: tuple, kwargs: dict) -> str:
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **kwargs)
+        for k, v in bound.arguments.items():
+            if v is obj:
+                return k
+    except (TypeError, ValueError):
+        pass
+    return "model"
+
+
+def check_callable(fn: Any, api: str) -> None:
+    if not callable(fn):
+        raise UsageError(
+            f"gradsan.torch.{api} takes a function that runs forward and backward (or returns a "
+            f"scalar loss), not {type(fn).__name__}. Use it as "
+            f"`gradsan.torch.{api}(step)(*args)` or as a context manager: "
+            f"`with gradsan.torch.{api}() as report: ...`"
+        )
+    if isinstance(fn, torch.Tensor):
+        raise UsageError(f"gradsan.torch.{api} takes a function, not a tensor.")
+
+
+class explain(_Session):
+    """Explain every NaN/Inf in the value or gradient: where it was born, why, what to do.
+
+    Two forms:
+
+    * context manager, around forward and backward::
+
+        with gradsan.torch.explain() as report:
+            loss = model(x)
+            loss.backward()
+        print(report)
+
+    * functional: ``gradsan.torch.explain(fn)(*args) -> Report``. ``fn`` either runs forward
+      and backward itself, or returns a scalar loss; **if fn called no backward, gradsan calls
+      ``loss.backward()`` on the returned loss**, which fills ``.grad`` of every tensor that
+      requires grad (parameters and arguments alike).
+
+    **Arguments:**
+
+    - ``fn``: the step (optional).
+    - ``module``: an ``nn.Module`` (or a dict name -> module) whose parameters are named by
+      their module path (``model.layers.3.attn.q_proj.weight``). Modules called inside the
+      block are found on their own; this names them.
+
+    **Returns:** a :class:`gradsan.Report`; ``report.ok`` is False when something is
+    non-finite. Outputs and gradients are exactly those of the untraced run.
+    """
+
+    function = "the with-block"
+
+    def __new__(cls, fn: Callable | None = None, *, module: Any = None):
+        self = super().__new__(cls)
+        if fn is not None:
+            check_callable(fn, cls.__name__)
+        return self
+
+    def __init__(self, fn: Callable | None = None, *, module: Any = None) -> None:
+        super().__init__(module)
+        self.fn = fn
+        if fn is not None:
+            functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Report:
+        if self.fn is None:
+            raise UsageError(
+                f"gradsan.torch.{type(self).__name__}() without a function is a context "
+                f"manager: `with gradsan.torch.{type(self).__name__}() as report: ...`"
+            )
+        session = type(self)(None)
+        session.modules = list(self.modules)
+        return run_functional(session, self.fn, args, kwargs)

@@ -1,0 +1,2 @@
+def guard(*a, **k):
+    raise NotImplementedError

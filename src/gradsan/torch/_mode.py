@@ -1,0 +1,470 @@
+"""The tracer: one TorchFunctionMode (forward: tag each autograd Node with the user's frame) and
+one TorchDispatchMode (backward: see each aten op and the Node it belongs to), plus the
+dataflow blame that turns what they saw into events for the report.
+
+Only non-finite tensors are kept alive. Tensors are keyed by identity
+``(data_ptr, shape, stride, dtype)``, which survives the ``detach`` that AccumulateGrad does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._report import Frame
+from . import _rules
+from ._source import user_frame, user_frame_object
+
+Key = tuple
+_NO_DEST: Any = object()
+_OVERWRITE = {"copy_", "fill_", "zero_", "resize_", "set_", "normal_", "uniform_", "random_"}
+
+
+def key(t: torch.Tensor) -> Key:
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
+def is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def tensors_in(x: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)) and depth < 2:
+        for v in x:
+            yield from tensors_in(v, depth + 1)
+    elif isinstance(x, dict) and depth < 2:
+        for v in x.values():
+            yield from tensors_in(v, depth + 1)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    if not is_float(t) or t.numel() == 0:
+        return True
+    # one reduction as the fast path; the exact check only when it fails (overflow of the sum)
+    if bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
+@dataclasses.dataclass(eq=False)
+class Tag:
+    """What gradsan knows about an autograd Node from the forward pass."""
+
+    name: str  # torch function name ("sqrt", "__truediv__") or Node name for inner nodes
+    op: str | None  # canonical catalog op
+    frame: Frame | None
+    library: str | None = None
+    operands: tuple = ()
+    params: dict = dataclasses.field(default_factory=dict)
+    module: Any = None  # weakref to the innermost nn.Module running
+    qualname: str = ""  # "torch.nn.functional.normalize"
+
+
+@dataclasses.dataclass(eq=False)
+class External:
+    """A non-finite tensor that no observed operation produced: an input of the function."""
+
+    tensor: torch.Tensor
+
+
+@dataclasses.dataclass(eq=False)
+class Event:
+    """An operation whose output is non-finite."""
+
+    phase: str  # "forward" | "backward"
+    op: str  # "aten.div" (backward) or torch function name (forward)
+    tag: Tag | None
+    node: Any  # the autograd Node (backward) or None
+    out: torch.Tensor
+    inputs: list  # [(tensor, producer)] for the non-finite inputs; producer: Event | External
+    nan_new: bool = False  # produced a NaN although no input held a NaN
+    form: str | None = None
+    zero_from: Frame | None = None
+    index: tuple | None = None
+
+
+def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
+    nz = mask.nonzero()
+    return tuple(int(i) for i in nz[0]) if len(nz) else ()
+
+
+_PRODUCTS = {"mul", "mm", "bmm", "addmm", "mv", "matmul", "dot", "baddbmm", "addcmul", "einsum",
+             "linear", "addmv", "_foreach_mul", "prod", "conv", "convolution"}
+_SUMS = {"add", "sub", "sum", "rsub", "cumsum", "mean", "addcdiv", "lerp"}
+
+
+class Tracer:
+    """Records events in forward and backward; see explain/sanitize/nansafe."""
+
+    def __init__(self, *, kinks: bool = False) -> None:
+        self.kinks = kinks
+        self.events: dict[Key, Event] = {}
+        self.fwd: dict[Key, Event] = {}
+        self.owner: dict[Key, Any] = {}  # backward output -> Node that computed it
+        self.leaves: dict[int, torch.Tensor] = {}
+        self.roots: list[tuple[Any, str]] = []  # observed root modules (module, name)
+        self.module_stack: list[Any] = []
+        self.losses: list[torch.Tensor] = []
+        self.kink_hits: list[tuple[Tag, str, Any]] = []
+        self.bool_strict: dict[Key, tuple[weakref.ref, torch.Tensor | None]] = {}
+        self.backward_calls = 0
+        self.caller = None
+        probe = torch.zeros(1, requires_grad=True) * 1.0
+        self.seq0 = probe.grad_fn._sequence_nr() if probe.grad_fn is not None else 0
+        self._fmode = _FunctionMode(self)
+        self._dmode = _DispatchMode(self)
+        self._hooks: list[Any] = []
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def __enter__(self) -> Tracer:
+        import torch.nn.modules.module as mm
+
+        self._hooks = [
+            mm.register_module_forward_pre_hook(self._pre_module),
+            mm.register_module_forward_hook(self._post_module),
+        ]
+        self._fmode.__enter__()
+        self._dmode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self._dmode.__exit__(*exc)
+        finally:
+            try:
+                self._fmode.__exit__(*exc)
+            finally:
+                for h in self._hooks:
+                    h.remove()
+                self._hooks = []
+
+    # -- modules --------------------------------------------------------------------------------
+    def _pre_module(self, module: Any, args: Any) -> None:
+        if not self.module_stack and all(m is not module for m, _ in self.roots):
+            name = "model"
+            f = user_frame_object(2)
+            if f is not None:
+                for k, v in f.f_locals.items():
+                    if v is module and not k.startswith("_"):
+                        name = k
+                        break
+            self.roots.append((module, name))
+        self.module_stack.append(module)
+
+    def _post_module(self, module: Any, args: Any, out: Any) -> None:
+        if self.module_stack and self.module_stack[-1] is module:
+            self.module_stack.pop()
+
+    # -- forward --------------------------------------------------------------------------------
+    def on_function(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        outs = [t for t in tensors_in(out)]
+        if not outs:
+            return
+        op = _rules.canonical(name)
+        tag: Tag | None = None
+        for t in outs:
+            gf = t.grad_fn
+            if gf is not None:
+                md = gf.metadata
+                if "gradsan" not in md:
+                    if tag is None:
+                        tag = self._make_tag(func, name, op, args, kwargs)
+                    md["gradsan"] = tag
+                    self._tag_inner(gf, tag)
+        if self.kinks and op in _rules.KINK_IDS:
+            if tag is None:
+                tag = self._make_tag(func, name, op, args, kwargs)
+            self.kink_hits.append((tag, name, _rules.operands_for(name, args, kwargs)))
+        if name in _rules.COMPARISONS or name in _rules.BOOL_COMBINE:
+            self._record_bool(name, args, outs)
+        for t in outs:
+            if is_float(t) and not all_finite(t):
+                if tag is None:
+                    tag = self._make_tag(func, name, op, args, kwargs)
+                self._forward_event(name, tag, t, args, kwargs)
+
+    def _make_tag(self, func: Any, name: str, op: str | None, args: tuple, kwargs: dict) -> Tag:
+        operands: tuple = ()
+        params: dict = {}
+        if op is not None:
+            ops, params = _rules.operands_for(name, args, kwargs)
+            operands = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in ops)
+            if name.endswith("_") and not name.endswith("__"):  # in-place: values are gone
+                operands = ()
+        mod = weakref.ref(self.module_stack[-1]) if self.module_stack else None
+        return Tag(name, op, user_frame(3), None, operands, params, mod, _qualname(func, name))
+
+    def _tag_inner(self, gf: Any, outer: Tag) -> None:
+        """Tag the Nodes a library function created inside itself with the caller's frame."""
+        stack = [n for n, _ in gf.next_functions if n is not None]
+        lib = outer.qualname or outer.name
+        while stack:
+            n = stack.pop()
+            nm = n.name()
+            if nm.endswith("AccumulateGrad"):
+                v = n.variable
+                self.leaves.setdefault(id(v), v)
+                continue
+            md = n.metadata
+            if "gradsan" in md:
+                continue
+            try:
+                if n._sequence_nr() < self.seq0:
+                    continue
+            except (AttributeError, RuntimeError):
+                pass
+            op, operands, params = _rules.node_operands(n)
+            md["gradsan"] = Tag(nm, op, outer.frame, lib, tuple(operands), params, outer.module)
+            stack.extend(m for m, _ in n.next_functions if m is not None)
+
+    def _forward_event(self, name: str, tag: Tag, t: torch.Tensor, args: tuple, kwargs: dict):
+        inputs = []
+        for a in list(tensors_in(args)) + list(tensors_in(kwargs)):
+            if is_float(a) and not all_finite(a):
+                inputs.append((a, self.fwd.get(key(a)) or External(a)))
+        ev = Event("forward", name, tag, None, t, inputs)
+        if not any(torch.isnan(a).any() for a, _ in inputs):
+            ev.nan_new = bool(torch.isnan(t).any())
+        self.fwd[key(t)] = ev
+
+    def _record_bool(self, name: str, args: tuple, outs: list) -> None:
+        """For `where`: which elements of a comparison hold with a strict margin."""
+        t = outs[0]
+        if t.dtype != torch.bool:
+            return
+        strict: torch.Tensor | None
+        if name in _rules.COMPARISONS:
+            a = args[0] if args else None
+            b = args[1] if len(args) > 1 else None
+            try:
+                strict = torch.as_tensor(a) != torch.as_tensor(b)
+                strict = torch.broadcast_to(strict, t.shape)
+            except (RuntimeError, TypeError):
+                strict = None
+        else:
+            strict = torch.ones(t.shape, dtype=torch.bool)
+            for a in tensors_in(args):
+                if a.dtype == torch.bool:
+                    s = self.strict_of(a)
+                    strict = strict & (torch.broadcast_to(s, t.shape) if s is not None else False)
+        self.bool_strict[key(t)] = (weakref.ref(t), strict)
+
+    def strict_of(self, cond: torch.Tensor) -> torch.Tensor | None:
+        """Elements where `cond` holds with a strict margin; all of them for a boolean that no
+        observed comparison produced (a constant mask)."""
+        hit = self.bool_strict.get(key(cond))
+        if hit is None or hit[0]() is not cond:
+            return torch.ones(cond.shape, dtype=torch.bool)
+        return hit[1]
+
+    def on_backward_call(self, tensors: Any) -> None:
+        self.backward_calls += 1
+        for t in tensors_in(tensors):
+            self.losses.append(t)
+
+    # -- backward -------------------------------------------------------------------------------
+    def on_aten(
+        self, func: Any, node: Any, args: tuple, kwargs: dict, out: Any, dest: Any = _NO_DEST
+    ) -> None:
+        """``dest``: for an in-place op, the destination's (key, producer) before the op, or
+        None when the op overwrites it without reading it (copy_, fill_)."""
+        outs = [t for t in tensors_in(out) if is_float(t)]
+        for o in outs:
+            k = key(o)
+            self.owner[k] = node
+            if all_finite(o):
+                continue
+            inputs = []
+            has_nan_in = False
+            srcs = list(tensors_in(args)) + list(tensors_in({k: v for k, v in kwargs.items()
+                                                             if k != "out"}))
+            if dest is not _NO_DEST and srcs:
+                srcs = srcs[1:]
+                if dest is not None:
+                    inputs.append(dest)
+                    has_nan_in = has_nan_in or bool(torch.isnan(dest[0]).any())
+            for a in srcs:
+                if is_float(a) and not all_finite(a):
+                    prod = self.events.get(key(a)) or self.fwd.get(key(a)) or External(a)
+                    inputs.append((a, prod))
+                    has_nan_in = has_nan_in or bool(torch.isnan(a).any())
+            name = _aten_name(func)
+            ev = Event("backward", name, _tag_of(node), node, o, inputs)
+            if not has_nan_in and bool(torch.isnan(o).any()):
+                ev.nan_new = True
+                self._indeterminate(ev, name, args, node)
+            self.events[k] = ev
+
+    def _indeterminate(self, ev: Event, name: str, args: tuple, node: Any) -> None:
+        """Name the indeterminate form of a new NaN and where its zero came from."""
+        base = name.split(".")[-1].lstrip("_")
+        nan = torch.isnan(ev.out)
+        idx = _first_index(nan)
+        ev.index = idx
+        ops = [a for a in args if isinstance(a, torch.Tensor) and is_float(a)]
+        vals = []
+        for a in ops:
+            try:
+                vals.append(torch.broadcast_to(a, ev.out.shape)[idx].item() if idx else a.item())
+            except (RuntimeError, ValueError):
+                vals.append(None)
+        import math
+
+        zero_i = None
+        if base.startswith("div") and len(vals) >= 2 and None not in vals[:2]:
+            if vals[0] == 0 and vals[1] == 0:
+                ev.form, zero_i = "0/0", 0
+            elif math.isinf(vals[0]) and math.isinf(vals[1]):
+                ev.form = "inf/inf"
+            else:
+                ev.form = "0*inf"
+                zero_i = 0 if vals[0] == 0 else None
+        elif any(base.startswith(p) for p in _PRODUCTS):
+            ev.form = "0*inf"
+            for i, v in enumerate(vals):
+                if v == 0:
+                    zero_i = i
+                    break
+        elif any(base.startswith(p) for p in _SUMS):
+            ev.form = "inf-inf"
+        if zero_i is not None and zero_i < len(ops):
+            src = self.owner.get(key(ops[zero_i]))
+            if src is not None and src is not node:
+                tag = _tag_of(src)
+                ev.zero_from = tag.frame if tag else None
+            elif src is None:
+                # the zero came from the forward pass: the node's own op supplied it
+                ev.zero_from = None
+
+    # -- blame ------------------------------------------------------------------------------------
+    def producer_of(self, t: torch.Tensor) -> Event | External | None:
+        k = key(t)
+        return self.events.get(k) or self.fwd.get(k)
+
+    def blame(self, start: Event | External) -> list[tuple[Event | External, Event | None]]:
+        """Walk the dataflow back from a non-finite output to the operations that created the
+        non-finite values from finite inputs. Returns (root, poison) pairs."""
+        if isinstance(start, External):
+            return [(start, None)]
+        child: dict[int, Event] = {}
+        seen: set[int] = set()
+        roots: list[Event | External] = []
+        stack: list[Event | External] = [start]
+        while stack:
+            ev = stack.pop()
+            if id(ev) in seen:
+                continue
+            seen.add(id(ev))
+            if isinstance(ev, External):
+                roots.append(ev)
+                continue
+            if not ev.inputs:
+                roots.append(ev)
+                continue
+            # prefer a NaN's parents that made the NaN: follow every non-finite input
+            for _, prod in ev.inputs:
+                if id(prod) not in seen:
+                    child.setdefault(id(prod), ev)
+                    stack.append(prod)
+        out = []
+        for r in roots:
+            poison = None
+            e: Any = r
+            while e is not None:
+                if isinstance(e, Event) and e.nan_new:
+                    poison = e
+                    break
+                e = child.get(id(e))
+            out.append((r, poison))
+        return out
+
+
+def _tag_of(node: Any) -> Tag | None:
+    try:
+        return node.metadata.get("gradsan")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _aten_name(func: Any) -> str:
+    s = str(func)  # "aten.div.Tensor"
+    parts = s.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 else s
+
+
+def _qualname(func: Any, name: str) -> str:
+    mod = getattr(func, "__module__", None) or ""
+    qual = getattr(func, "__qualname__", name)
+    if qual.startswith(("TensorBase.", "_TensorBase.")):
+        return "Tensor." + name
+    if mod.startswith("torch") and "." not in qual:
+        return f"{mod.replace('torch._C._VariableFunctions', 'torch')}.{qual}"
+    if qual.startswith("_VariableFunctionsClass."):
+        return "torch." + name
+    return f"{mod}.{qual}" if mod else qual
+
+
+_PASS = {"__get__", "__set__", "__repr__", "__format__", "__str__", "size", "dim", "numel",
+         "__len__", "item", "tolist", "__bool__", "__index__", "__int__", "__float__",
+         "data_ptr", "stride", "is_floating_point", "element_size", "__hash__", "register_hook",
+         "requires_grad_", "retain_grad", "storage_offset", "is_contiguous", "numpy", "__iter__",
+         "untyped_storage", "_is_view", "__reduce_ex__", "__deepcopy__", "__setstate__"}
+_BACKWARD = {"backward", "grad"}
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = _rules.func_name(func)
+        if name in _PASS:
+            return func(*args, **kwargs)
+        if name in _BACKWARD and getattr(func, "__module__", "") in (
+            "torch._tensor",
+            "torch.autograd",
+            "torch.autograd.__init__",
+        ):
+            self.tracer.on_backward_call(args[0] if args else kwargs.get("tensors"))
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self.tracer.on_function(func, name, args, kwargs, out)
+        return out
+
+
+class _DispatchMode(TorchDispatchMode):
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return func(*args, **kwargs)
+        dest: Any = _NO_DEST
+        base = func.__name__.split(".")[0] if hasattr(func, "__name__") else ""
+        if base.endswith("_") and args and isinstance(args[0], torch.Tensor):
+            if base in _OVERWRITE:
+                dest = None
+            else:
+                with torch._C.DisableTorchFunction():
+                    d = args[0]
+                    if is_float(d) and not all_finite(d):
+                        dest = (d.clone(), self.tracer.producer_of(d) or External(d.clone()))
+                    else:
+                        dest = None
+        out = func(*args, **kwargs)
+        with torch._C.DisableTorchFunction():
+            self.tracer.on_aten(func, node, args, kwargs, out, dest)
+        return out

@@ -1,0 +1,2 @@
+def nansafe(*a, **k):
+    raise NotImplementedError

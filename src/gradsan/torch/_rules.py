@@ -1,0 +1,349 @@
+"""torch function / autograd Node -> canonical catalog op, and the operand values to classify.
+
+Backends only map names here; the mathematics (explanations, fixes, the singular sets of the
+singular ops) is in gradsan._catalog. The kink masks below are fallbacks used only when the
+catalog has no predicate for that op yet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# torch function name (``func.__name__`` as a TorchFunctionMode sees it) -> canonical op.
+FUNC_OPS: dict[str, str] = {
+    "sqrt": "sqrt",
+    "sqrt_": "sqrt",
+    "rsqrt": "rsqrt",
+    "rsqrt_": "rsqrt",
+    "div": "div",
+    "div_": "div",
+    "divide": "div",
+    "true_divide": "div",
+    "__truediv__": "div",
+    "__itruediv__": "div",
+    "__rtruediv__": "div",
+    "__rdiv__": "div",
+    "reciprocal": "div",
+    "reciprocal_": "div",
+    "log": "log",
+    "log_": "log",
+    "log2": "log",
+    "log10": "log",
+    "log1p": "log1p",
+    "exp": "exp",
+    "exp2": "exp",
+    "expm1": "expm1",
+    "pow": "pow",
+    "pow_": "pow",
+    "__pow__": "pow",
+    "__ipow__": "pow",
+    "__rpow__": "pow",
+    "float_power": "pow",
+    "atan2": "atan2",
+    "arctan2": "atan2",
+    "acos": "acos",
+    "arccos": "acos",
+    "asin": "asin",
+    "arcsin": "asin",
+    "atanh": "atanh",
+    "arctanh": "atanh",
+    "acosh": "acosh",
+    "arccosh": "acosh",
+    "tan": "tan",
+    "lgamma": "lgamma",
+    "digamma": "digamma",
+    "erfinv": "erf_inv",
+    # kinks
+    "abs": "abs",
+    "absolute": "abs",
+    "__abs__": "abs",
+    "relu": "relu",
+    "relu_": "relu",
+    "sign": "sign",
+    "maximum": "max",
+    "minimum": "min",
+    "fmax": "max",
+    "fmin": "min",
+    "max": "reduce_max",
+    "min": "reduce_min",
+    "amax": "reduce_max",
+    "amin": "reduce_min",
+    "clamp": "clamp",
+    "clip": "clamp",
+    "clamp_": "clamp",
+    "clamp_min": "clamp",
+    "clamp_max": "clamp",
+    "hardtanh": "clamp",
+    "floor": "floor",
+    "ceil": "ceil",
+    "round": "round",
+    "trunc": "floor",
+    "sort": "sort",
+    "topk": "top_k",
+    "argmax": "argmax",
+    "where": "select_n",
+    "det": "det",
+    # library functions (reported with library=...)
+    "norm": "norm",
+    "vector_norm": "norm",
+    "std": "std",
+    "var": "var",
+}
+
+# Node name stem (``SqrtBackward0`` -> ``Sqrt``) -> canonical op, for nodes created inside a
+# library function (no torch function call of their own was seen).
+NODE_OPS: dict[str, str] = {
+    "Sqrt": "sqrt",
+    "Rsqrt": "rsqrt",
+    "Div": "div",
+    "Reciprocal": "div",
+    "Log": "log",
+    "Log2": "log",
+    "Log10": "log",
+    "Log1P": "log1p",
+    "Pow": "pow",
+    "Atan2": "atan2",
+    "Acos": "acos",
+    "Asin": "asin",
+    "Atanh": "atanh",
+    "Exp": "exp",
+    "LinalgVectorNorm": "norm",
+    "Norm": "norm",
+    "Std": "std",
+    "Var": "var",
+    "Abs": "abs",
+}
+
+# Kink ops: canonical op -> catalog id (used by sanitize).
+KINK_IDS: dict[str, str] = {
+    "abs": "abs-at-zero",
+    "relu": "relu-at-zero",
+    "max": "max-tie",
+    "min": "max-tie",
+    "reduce_max": "max-tie",
+    "reduce_min": "max-tie",
+    "argmax": "max-tie",
+    "sort": "sort-tie",
+    "top_k": "sort-tie",
+    "clamp": "clip-at-bound",
+    "sign": "sign-at-zero",
+    "floor": "floor-round-at-jump",
+    "ceil": "floor-round-at-jump",
+    "round": "floor-round-at-jump",
+    "atan2": "atan2-at-origin",
+    "select_n": "where-at-boundary",
+    "det": "det-at-singular",
+}
+# Conventions PyTorch picks outside the admissible set (reported as kind "convention").
+INADMISSIBLE = {"atan2", "det"}
+
+# Comparisons whose boolean output a `where` may select on.
+COMPARISONS = {
+    "gt": ">",
+    "__gt__": ">",
+    "greater": ">",
+    "lt": "<",
+    "__lt__": "<",
+    "less": "<",
+    "ge": ">=",
+    "__ge__": ">=",
+    "greater_equal": ">=",
+    "le": "<=",
+    "__le__": "<=",
+    "less_equal": "<=",
+    "eq": "==",
+    "__eq__": "==",
+    "ne": "!=",
+    "__ne__": "!=",
+}
+BOOL_COMBINE = {
+    "logical_and",
+    "logical_or",
+    "logical_not",
+    "__and__",
+    "__or__",
+    "__invert__",
+    "__xor__",
+    "logical_xor",
+    "__rand__",
+    "__ror__",
+}
+
+# Backward nodes whose input gradient at an element depends only on the output gradient at
+# the same element (up to broadcasting): a structural zero passes through them elementwise.
+ELEMENTWISE_NODES = {
+    "Sqrt", "Rsqrt", "Div", "Mul", "Add", "Sub", "Neg", "Pow", "Log", "Log2", "Log10",
+    "Log1P", "Exp", "Exp2", "Expm1", "Reciprocal", "Where", "Atan2", "Acos", "Asin",
+    "Atan", "Atanh", "Tanh", "Sigmoid", "Sin", "Cos", "Tan", "Abs", "Clamp", "ClampMin",
+    "ClampMax", "Relu", "Square", "Maximum", "Minimum", "Sinh", "Cosh", "Erf", "Erfinv",
+    "Lgamma", "Digamma", "Softplus", "Gelu", "Silu", "Hardtanh", "Threshold", "Clone",
+    "ToCopy", "Sign", "Floor", "Ceil", "Round", "Trunc", "Lerp", "Addcmul", "Addcdiv",
+}
+
+_NODE_RE = re.compile(r"^(?:torch::autograd::)?(\w+?)Backward\d*$")
+
+
+def node_stem(name: str) -> str:
+    m = _NODE_RE.match(name)
+    return m.group(1) if m else name
+
+
+def func_name(func: Any) -> str:
+    return getattr(func, "__name__", "") or ""
+
+
+def canonical(name: str) -> str | None:
+    return FUNC_OPS.get(name)
+
+
+def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any], dict]:
+    """The operands the catalog predicate for ``canonical(name)`` reads, and its params."""
+    a = list(args)
+    op = FUNC_OPS.get(name)
+    if name in ("__rtruediv__", "__rdiv__", "__rpow__") and len(a) >= 2:
+        a = [a[1], a[0]]
+    if name.startswith("reciprocal"):
+        return [1.0, a[0]], {}
+    if op == "pow":
+        if "exponent" in kwargs:
+            a = [a[0], kwargs["exponent"]]
+        if len(a) >= 2 and isinstance(a[1], int) and not isinstance(a[1], bool):
+            return [a[0]], {"y": a[1], "integer_pow": True}
+        return a[:2], {}
+    if op in ("div", "atan2", "max", "min"):
+        if len(a) == 1 and "other" in kwargs:
+            a.append(kwargs["other"])
+        return a[:2], {"rounding_mode": kwargs.get("rounding_mode")} if op == "div" else {}
+    if op == "clamp":
+        lo = kwargs.get("min", a[1] if len(a) > 1 else None)
+        hi = kwargs.get("max", a[2] if len(a) > 2 else None)
+        if name == "clamp_max":
+            lo, hi = None, lo
+        if name == "hardtanh":
+            lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
+            hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
+        return [lo, a[0], hi], {}
+    if op in ("reduce_max", "reduce_min", "sort", "top_k", "argmax"):
+        params = {}
+        dim = kwargs.get("dim", a[1] if len(a) > 1 and isinstance(a[1], int) else None)
+        params["dim"] = dim
+        if op == "top_k":
+            params["k"] = kwargs.get("k", a[1] if len(a) > 1 else 1)
+            params["dim"] = kwargs.get("dim", a[2] if len(a) > 2 else -1)
+            params["largest"] = kwargs.get("largest", a[3] if len(a) > 3 else True)
+        if op == "sort":
+            params["dim"] = kwargs.get("dim", a[1] if len(a) > 1 else -1)
+        if op in ("reduce_max", "reduce_min") and len(a) >= 2 and not isinstance(a[1], int):
+            # torch.max(a, b) is the elementwise maximum
+            return a[:2], {"elementwise": True}
+        return a[:1], params
+    if op == "select_n":
+        return a[:3], {}
+    return a[:1], {}
+
+
+def node_operands(node: Any) -> tuple[str | None, list[Any], dict]:
+    """For a Node created inside a library function: canonical op and saved operand values."""
+    stem = node_stem(node.name())
+    op = NODE_OPS.get(stem)
+    if op is None:
+        return None, [], {}
+    try:
+        if op in ("div", "pow", "atan2"):
+            if stem == "Reciprocal":
+                return op, [1.0, node._saved_result], {}
+            other = getattr(node, "_saved_other", None)
+            if other is None:
+                other = getattr(node, "_saved_exponent", None)
+            if other is None:
+                return op, [], {}
+            return op, [node._saved_self, other], {}
+        if op == "sqrt":
+            return op, [node._saved_result], {}
+        x = getattr(node, "_saved_self", None)
+        if x is None:
+            x = getattr(node, "_saved_result", None)
+        return op, ([x] if x is not None else []), {}
+    except RuntimeError:  # saved tensors already freed
+        return op, [], {}
+
+
+def to_numpy(v: Any) -> Any:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return np.asarray(v)
+    if isinstance(v, torch.Tensor):
+        t = v.detach()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        if t.is_complex():
+            return t.cpu().resolve_conj().numpy()
+        return t.cpu().numpy()
+    return np.asarray(v)
+
+
+# ---- fallback kink masks (only used when the catalog has no predicate for the op) ----------
+
+
+def _ties_along(x: np.ndarray, dim: int | None, largest: bool = True) -> np.ndarray:
+    """Mask of the elements that tie with the extreme value along ``dim`` (ties only)."""
+    if x.ndim == 0:
+        return np.zeros((), bool)
+    ext = x.max(axis=dim, keepdims=True) if largest else x.min(axis=dim, keepdims=True)
+    eq = x == ext
+    n = eq.sum(axis=dim, keepdims=True)
+    return eq & (n > 1)
+
+
+def kink_mask(op: str, operands: Sequence[Any], params: dict) -> tuple[np.ndarray, int] | None:
+    """(mask over the operand shape, index of the operand whose values are quoted)."""
+    vals = [None if o is None else to_numpy(o) for o in operands]
+    if not vals or vals[0] is None and op != "clamp":
+        return None
+    x = vals[0]
+    with np.errstate(all="ignore"):
+        if op in ("abs", "relu", "sign"):
+            return x == 0, 0
+        if op in ("max", "min") or (op in ("reduce_max", "reduce_min") and params.get("elementwise")):
+            if len(vals) < 2 or vals[1] is None:
+                return None
+            m = np.asarray(vals[0]) == np.asarray(vals[1])
+            return np.broadcast_to(m, np.broadcast_shapes(np.shape(vals[0]), np.shape(vals[1]))), 0
+        if op in ("reduce_max", "argmax", "sort", "top_k"):
+            dim = params.get("dim")
+            largest = params.get("largest", True)
+            if op == "sort":
+                # any two equal values along dim are a tie for sort
+                xs = np.sort(x, axis=dim if dim is not None else -1)
+                d = np.diff(xs, axis=dim if dim is not None else -1) == 0
+                return (np.asarray(d.any()) & np.ones(x.shape, bool)), 0
+            return _ties_along(x, dim, largest), 0
+        if op == "reduce_min":
+            return _ties_along(x, params.get("dim"), largest=False), 0
+        if op == "clamp":
+            lo, xx, hi = vals
+            m = np.zeros(np.shape(xx), bool)
+            if lo is not None:
+                m = m | (xx == lo)
+            if hi is not None:
+                m = m | (xx == hi)
+            return m, 1
+        if op in ("floor", "ceil"):
+            return x == np.floor(x), 0
+        if op == "round":
+            return np.abs(x - np.floor(x)) == 0.5, 0
+        if op == "atan2":
+            if len(vals) < 2:
+                return None
+            y, xx = np.broadcast_arrays(vals[0], vals[1])
+            return (y == 0) & (xx == 0), 0
+        if op == "det":
+            a = np.asarray(x, dtype=np.float64)
+            d = np.linalg.det(a)
+            return np.broadcast_to(np.asarray(d == 0), np.shape(d)), 0
+    return None

@@ -1,0 +1,2 @@
+def sanitize(*a, **k):
+    raise NotImplementedError

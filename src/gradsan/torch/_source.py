@@ -1,0 +1,88 @@
+"""The user's frame of a torch call: the first Python frame outside torch and gradsan, with the
+column range of the sub-expression from ``code.co_positions()`` (Python >= 3.11)."""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import os
+import sys
+from types import CodeType, FrameType
+
+from .._report import Frame
+
+_SKIP_DIRS: tuple[str, ...] = ()
+
+
+def _init_skip() -> tuple[str, ...]:
+    import contextlib
+
+    import torch
+
+    import gradsan
+
+    dirs = [
+        os.path.dirname(torch.__file__) + os.sep,
+        os.path.dirname(gradsan.__file__) + os.sep,
+        os.path.dirname(contextlib.__file__) + os.sep + "contextlib.py",
+    ]
+    return tuple(dirs)
+
+
+def is_library_file(filename: str) -> bool:
+    global _SKIP_DIRS
+    if not _SKIP_DIRS:
+        _SKIP_DIRS = _init_skip()
+    if filename.startswith("<frozen") or filename.startswith("<torch"):
+        return True
+    return filename.startswith(_SKIP_DIRS)
+
+
+_positions: dict[tuple[CodeType, int], tuple[int | None, int | None, int | None]] = {}
+
+
+def _position(code: CodeType, lasti: int) -> tuple[int | None, int | None, int | None]:
+    key = (code, lasti)
+    hit = _positions.get(key)
+    if hit is None:
+        line = col = end = None
+        try:
+            pos = next(itertools.islice(code.co_positions(), lasti // 2, None), None)
+        except AttributeError:  # Python < 3.11: no columns
+            pos = None
+        if pos is not None:
+            line, end_line, col, end = pos
+            if end_line != line:
+                end = None
+        hit = (line, col, end)
+        _positions[key] = hit
+    return hit
+
+
+def user_frame_object(depth: int = 1) -> FrameType | None:
+    """The innermost frame that is not torch's, gradsan's or contextlib's."""
+    f: FrameType | None = sys._getframe(depth)
+    while f is not None and is_library_file(f.f_code.co_filename):
+        f = f.f_back
+    return f
+
+
+def frame_of(f: FrameType) -> Frame:
+    code = f.f_code
+    line, col, end = _position(code, f.f_lasti)
+    if line is None:
+        line = f.f_lineno
+    text = linecache.getline(code.co_filename, line).rstrip("\n")
+    return Frame(
+        file=code.co_filename,
+        line=line,
+        column=col,
+        function=code.co_name,
+        code=text,
+        end_column=end,
+    )
+
+
+def user_frame(depth: int = 2) -> Frame | None:
+    f = user_frame_object(depth)
+    return frame_of(f) if f is not None else None
