@@ -111,6 +111,11 @@ def walk(src) -> list[tuple[Node, Node | None]]:
         if id(node) in seen:
             continue
         seen.add(id(node))
+        if node.kind == "const" and poison is not None:
+            # an intentional inf (a -inf mask) is not the problem: the NaN was born where two
+            # such infinities met (softmax of a fully masked row computes -inf - (-inf))
+            found.append((poison, None))
+            continue
         if node.kind in ("input", "const"):
             found.append((node, poison))
             continue
@@ -257,7 +262,11 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
         lib_entry = _catalog.for_library(lib)
         if lib_entry is not None and (entry_id is None or lib_entry.op != "input"):
             entry_id = lib_entry.id
-    value_phase = fwd is origin and not getattr(origin, "backward", False)
+    # a value, not a gradient, when the origin is a primal operation: not transposed, and the
+    # first equation at its source position (a derivative rule's equations come after it)
+    first = interp.group_first.get(group_key(origin.scope, origin.place)) if origin.place else None
+    value_phase = (not getattr(origin, "backward", False)
+                   and (fwd is origin or (fwd is None and first == origin.seq)))
     where = (fwd or origin).user_frame
     detail: dict[str, Any] = {"origin_op": origin.prim}
     if fwd is not None and fwd is not origin:
@@ -295,7 +304,16 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
         context=ctx, scope=origin.scope.path if origin.scope else "",
         outputs=hits, detail=detail,
     )
-    if entry_id is None:
+    if entry_id is None and poison is None and origin.status and max(origin.status) == NAN \
+            and any(_stat(s) != FINITE for s in origin.ins):
+        pd = _poison_details(origin)
+        f.form = pd["form"]
+        f.explanation = (
+            f"`{origin.prim}` computed {pd['text'] or 'a NaN'} from infinite inputs that came from "
+            "constants (such as a -inf mask). Make sure no row or reduction sees only masked "
+            "values, or mask the result instead of the input."
+        )
+    elif entry_id is None:
         f.explanation = (
             f"`{origin.prim}` produced {result} from finite inputs. It is not in gradsan's "
             "catalog of singular operations; look at its operand values at the index shown."

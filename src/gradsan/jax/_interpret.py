@@ -153,6 +153,8 @@ class Interpreter:
         # (scope id, place key) -> nodes of primal ops that hit a catalog singular set
         self.hits_by_key: dict[tuple, list[Node]] = {}
         self.hit_nodes: list[Node] = []
+        # group key -> seq of its first equation: the primal op comes before its derivative's
+        self.group_first: dict[tuple, int] = {}
         self.eqn_count = 0
 
     # -- entry point -------------------------------------------------------------------------
@@ -252,6 +254,7 @@ class Interpreter:
         if "rematted_computation" in name_stack:
             backward = False
         node.backward = backward  # type: ignore[attr-defined]
+        self.group_first.setdefault(group_key(scope, pl), node.seq)
         if any(status):
             in_bad = [s is not None and s[0].status[s[1]] != FINITE for s in insrcs]
             in_nan = [s is not None and s[0].status[s[1]] == NAN for s in insrcs]

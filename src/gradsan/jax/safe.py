@@ -19,11 +19,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
-from jax import lax
 from jax.typing import ArrayLike
+
+import jax
+from jax import lax
 
 __all__ = [
     "abs",
@@ -258,8 +259,8 @@ sinc = _unary(
     Example:
         >>> import jax
         >>> from gradsan.jax import safe
-        >>> print(jax.grad(safe.sinc)(0.0))
-        0.0
+        >>> print(jax.grad(safe.sinc)(0.0) == 0, jax.grad(jax.grad(safe.sinc))(0.0))
+        True -3.289868
     """,
 )
 
@@ -297,7 +298,9 @@ def pow(x: ArrayLike, p: ArrayLike) -> jax.Array:
 
 def _pow_dx(x, p, is_int):
     bad = (x == 0) & (p < 1)
-    if is_int is not True:
+    if is_int is False:
+        bad = bad | (x < 0)
+    elif is_int is not True:
         bad = bad | ((x < 0) & ~is_int)
     xs = _mask(~bad, x)
     if isinstance(p, (int, float)):

@@ -1,0 +1,80 @@
+"""gradsan.jax.guard: bit-identical outputs when finite, NonFiniteError with the report when not."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gradsan
+import gradsan.jax as gsj
+from tests.conftest import line_of
+
+
+def loss(w, x):
+    h = jnp.tanh(x @ w)
+    return jnp.sqrt(jnp.sum(h * h))  # L:guard
+
+
+def make_step(donate: bool):
+    def step(w, x):
+        g = jax.grad(loss)(w, x)
+        return w - 0.1 * g, g
+
+    return jax.jit(step, donate_argnums=(0,) if donate else ())
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["plain", "donated"])
+def test_guard_is_bit_identical_on_finite_steps(donate):
+    key = jax.random.PRNGKey(0)
+    w = jax.random.normal(key, (8, 4))
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, 8))
+    plain = make_step(donate)
+    guarded = gsj.guard(make_step(donate))
+    w1, w2 = jnp.array(w), jnp.array(w)
+    for _ in range(3):
+        w1, g1 = plain(w1, x)
+        w2, g2 = guarded(w2, x)
+        np.testing.assert_array_equal(np.asarray(w1).view(np.uint32), np.asarray(w2).view(np.uint32))
+        np.testing.assert_array_equal(np.asarray(g1).view(np.uint32), np.asarray(g2).view(np.uint32))
+
+
+@pytest.mark.parametrize("donate", [False, True], ids=["plain", "donated"])
+def test_guard_raises_with_report(donate):
+    w = jnp.zeros((8, 4))
+    x = jnp.ones((16, 8))
+    step = gsj.guard(make_step(donate))
+    with pytest.raises(gradsan.NonFiniteError) as info:
+        step(w, x)
+    err = info.value
+    assert isinstance(err, FloatingPointError)
+    [f] = err.report.findings
+    assert f.primitive == "sqrt" and f.where.line == line_of("L:guard")
+    assert f.catalog_id == "sqrt-at-zero"
+    assert "sqrt at" in str(err) and "gradsan.jax.safe.sqrt" in str(err)
+    # the report's outputs are what the step returned
+    assert np.isnan(np.asarray(err.report.outputs[1])).all()
+
+
+def test_guard_keeps_signature_and_name():
+    def my_step(a, b=2.0):
+        return a * b
+
+    g = gsj.guard(my_step)
+    assert g.__name__ == "my_step" and g(1.0, b=3.0) == 3.0
+
+
+def test_guard_rejects_non_callable():
+    with pytest.raises(gradsan.UsageError, match="takes a function"):
+        gsj.guard(None)
+
+
+def test_guard_on_value_overflow_float16():
+    def f(x):
+        return jnp.exp(x) * 2  # L:f16
+
+    step = gsj.guard(jax.jit(f))
+    with pytest.raises(gradsan.NonFiniteError) as info:
+        step(jnp.array([1.0, 12.0], dtype=jnp.float16))
+    [fd] = info.value.report.findings
+    assert fd.where.line == line_of("L:f16") and fd.primitive == "exp"
+    assert fd.phase == "value"
