@@ -148,14 +148,9 @@ def _forward_node(interp: Interpreter, origin: Node) -> Node | None:
     cands = interp.hits_by_key.get(group_key(origin.scope, origin.place)) if origin.place else None
     if cands:
         before = [c for c in cands if c.seq <= origin.seq] or cands
-        group = {id(c) for c in before}
-        node = before[-1]
-        for _ in range(4):
-            parent = next((s[0] for s in node.ins if s is not None and id(s[0]) in group), None)
-            if parent is None:
-                break
-            node = parent
-        return node
+        latest = before[-1]
+        # the first hit of the latest run: the primal op precedes its jvp rule's equations
+        return next(c for c in before if getattr(c, "run", None) == getattr(latest, "run", None))
     if origin.hit is not None:
         return origin
     # a few hops back along the inputs (the coefficient of acos is rsqrt(1 - x*x))
@@ -251,13 +246,17 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
         primitive = fwd.prim
     else:
         op = _rules.canonical_op(origin.prim)
-        hit = classify(op, origin.operands or [], origin.outs[0] if origin.outs else None,
-                       _rules.params_for(origin.prim, origin.eqn.params)) if op else None
-        if hit is None:
-            hit = _overflow_hit(origin)
+        hit = _overflow_hit(origin)
+        if hit is None and op is not None:
+            hit = classify(op, origin.operands or [], origin.outs[0] if origin.outs else None,
+                           _rules.params_for(origin.prim, origin.eqn.params))
         if hit is not None:
             entry_id, got, count, size, index = (hit.entry_id, hit.got, hit.count,
                                                  int(hit.mask.size), hit.first_index)
+    overflow = _overflow_hit(origin) if fwd is None or fwd is origin else None
+    if overflow is not None:  # float16/bfloat16: the same value fits in float32
+        entry_id, got, count, size, index = (overflow.entry_id, overflow.got, overflow.count,
+                                             int(overflow.mask.size), overflow.first_index)
     if lib is not None:
         lib_entry = _catalog.for_library(lib)
         if lib_entry is not None and (entry_id is None or lib_entry.op != "input"):

@@ -9,7 +9,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._errors import NonFiniteError
 from ._explain import check_callable, diagnose

@@ -156,6 +156,8 @@ class Interpreter:
         # group key -> seq of its first equation: the primal op comes before its derivative's
         self.group_first: dict[tuple, int] = {}
         self.eqn_count = 0
+        self._last_key: tuple | None = None
+        self._run = 0
 
     # -- entry point -------------------------------------------------------------------------
     def run_closed(self, closed: jcore.ClosedJaxpr, args: list, arg_labels: list[str]):
@@ -193,6 +195,7 @@ class Interpreter:
             env[v] = a
             srcs[v] = s
         free = _last_use(jaxpr)
+        self._last_key = None
         for i, eqn in enumerate(jaxpr.eqns):
             invals = []
             insrcs = []
@@ -254,7 +257,13 @@ class Interpreter:
         if "rematted_computation" in name_stack:
             backward = False
         node.backward = backward  # type: ignore[attr-defined]
-        self.group_first.setdefault(group_key(scope, pl), node.seq)
+        gk = group_key(scope, pl)
+        self.group_first.setdefault(gk, node.seq)
+        # a run: consecutive equations at one source position (a primal op, then its jvp rule)
+        if gk != self._last_key:
+            self._run = next(self._seq)
+            self._last_key = gk
+        node.run = self._run  # type: ignore[attr-defined]
         if any(status):
             in_bad = [s is not None and s[0].status[s[1]] != FINITE for s in insrcs]
             in_nan = [s is not None and s[0].status[s[1]] == NAN for s in insrcs]

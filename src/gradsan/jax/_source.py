@@ -130,14 +130,17 @@ def _frame(code, lasti: int) -> Frame | None:
         file=code.co_filename,
         line=line,
         column=col,
-        function=code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+        function=code.co_name,
         code=text,
         end_column=end_col,
     )
 
 
 def _libname(prefix: str, func: str) -> str:
+    import re
+
     func = func.split(".")[-1].lstrip("_") or func
+    func = re.sub(r"_(jvp|vjp|fwd|bwd|impl|rule|transpose)$", "", func)
     if prefix in ("flax", "optax", "equinox", "haiku"):
         return f"{prefix} ({func})"
     return f"{prefix}.{func}"
