@@ -16,7 +16,6 @@ PRIMITIVE_OPS: dict[str, str] = {
     "log": "log",
     "log1p": "log1p",
     "exp": "exp",
-    "exp2": "exp",
     "expm1": "expm1",
     "atan2": "atan2",
     "acos": "acos",
