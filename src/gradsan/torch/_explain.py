@@ -50,6 +50,11 @@ def _name_in_caller(obj: Any) -> str | None:
     return None
 
 
+def _strip(name: str) -> str:
+    """Hide torch.compile's wrapper from module paths."""
+    return name.replace("_orig_mod.", "").replace("_orig_mod", "")
+
+
 class Namer:
     """Names tensors for the report: module parameters by their nn.Module path, then the
     user's local variables and the function's arguments."""
@@ -60,9 +65,9 @@ class Namer:
     def add_modules(self, mods: list[tuple[Any, str]]) -> None:
         for m, prefix in mods:
             for n, p in m.named_parameters(remove_duplicate=False):
-                self.names.setdefault(id(p), f"{prefix}.{n}")
+                self.names.setdefault(id(p), f"{prefix}.{_strip(n)}")
             for n, b in m.named_buffers(remove_duplicate=False):
-                self.names.setdefault(id(b), f"{prefix}.{n}")
+                self.names.setdefault(id(b), f"{prefix}.{_strip(n)}")
 
     def add_locals(self, mapping: dict[str, Any], prefix: str = "") -> None:
         for k, v in mapping.items():
@@ -89,6 +94,7 @@ class Namer:
         out: dict[int, str] = {}
         for m, prefix in mods:
             for n, sub in m.named_modules():
+                n = _strip(n)
                 out.setdefault(id(sub), f"{prefix}.{n}" if n else prefix)
         return out
 
@@ -249,7 +255,7 @@ def build_report(
 
     def add(start: Event | External, phase: str, hit: OutputHit, result: str) -> None:
         for root, poison, consumer in blame3(tracer, start):
-            k = (id(root), phase)
+            k = (_root_key(root), phase)
             g = groups.get(k)
             if g is None:
                 g = groups[k] = {
@@ -277,7 +283,7 @@ def build_report(
             start = tracer.producer_of(loss) or External(loss)
             name = namer.names.get(id(loss), "loss")
             add(start, "value", output_hit(name, loss), _result(loss))
-            value_roots.update(id(r) for r, _, _ in blame3(tracer, start))
+            value_roots.update(_root_key(r) for r, _, _ in blame3(tracer, start))
     # gradient phase: every leaf the backward reached
     leaves: dict[int, torch.Tensor] = dict(tracer.leaves)
     for t in extra_leaves:
@@ -296,9 +302,9 @@ def build_report(
             unexplained.append(hit)
             continue
         for root, _, _ in blame3(tracer, start):
-            if id(root) in value_roots:  # the same origin already explains the loss
+            if _root_key(root) in value_roots:  # the same origin already explains the loss
                 for k in order:
-                    if k == (id(root), "value"):
+                    if k == (_root_key(root), "value"):
                         outs = groups[k]["outputs"]
                         if all(o.path != hit.path for o in outs):
                             outs.append(hit)
@@ -320,6 +326,13 @@ def build_report(
             "produced it (was backward run outside the explain block, or under torch.compile?)"
         )
     return report
+
+
+def _root_key(root: Event | External) -> int:
+    """Events of one forward operation (its value and its backward) are one origin."""
+    if isinstance(root, Event) and root.tag is not None:
+        return id(root.tag)
+    return id(root)
 
 
 def blame3(tracer: Tracer, start: Event | External):

@@ -1,2 +1,308 @@
-def guard(*a, **k):
-    raise NotImplementedError
+"""`gradsan.torch.guard`: one fused finiteness check per step; on failure, replay the step
+eagerly under the tracer and raise NonFiniteError with the explanation."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from .._errors import NonFiniteError, UsageError
+from .._report import Finding, Report
+from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
+from ._mode import all_finite, tensors_in
+
+
+class _Abort(BaseException):
+    """Raised from an optimizer's step pre-hook to stop a non-finite update."""
+
+
+def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None and p.grad.is_floating_point()]
+
+
+def _finite(grads: list[torch.Tensor], extra: list[torch.Tensor] = ()) -> bool:  # type: ignore[assignment]
+    """The fast path: one fused reduction over all gradients (and the loss)."""
+    parts: list[torch.Tensor] = []
+    if grads:
+        by_dev: dict[Any, list[torch.Tensor]] = {}
+        for g in grads:
+            by_dev.setdefault((g.device, g.dtype), []).append(g)
+        for gs in by_dev.values():
+            parts.extend(torch._foreach_norm(gs))
+    parts.extend(e.detach().float().reshape(-1).sum().reshape(()) for e in extra)
+    if not parts:
+        return True
+    total = torch.stack([p.float().to(parts[0].device) for p in parts]).sum()
+    if bool(torch.isfinite(total)):
+        return True
+    # the norms can overflow on large finite values: confirm exactly before replaying
+    return all(all_finite(g) for g in grads) and all(all_finite(e) for e in extra)
+
+
+def _opt_params(opt: Any) -> list[torch.Tensor]:
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+def _discover(fn: Any) -> tuple[list[tuple[torch.nn.Module, str]], list[Any]]:
+    """Modules (with the name the step uses) and optimizers that ``fn`` reaches through its
+    closure and the globals it names."""
+    cands: list[tuple[str, Any]] = []
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+            try:
+                cands.append((name, cell.cell_contents))
+            except ValueError:
+                pass
+        g = getattr(fn, "__globals__", {})
+        cands += [(n, g[n]) for n in code.co_names if n in g]
+    self_obj = getattr(fn, "__self__", None)
+    if self_obj is not None and hasattr(self_obj, "__dict__"):
+        cands += list(vars(self_obj).items())
+    mods: list[tuple[torch.nn.Module, str]] = []
+    opts: list[Any] = []
+    for name, c in cands:
+        if isinstance(c, torch.nn.Module) and all(c is not m for m, _ in mods):
+            mods.append((c, name))
+        elif isinstance(c, torch.optim.Optimizer):
+            opts.append(c)
+    return mods, opts
+
+
+@contextlib.contextmanager
+def _eager() -> Any:
+    """Run torch.compile'd code eagerly, so the tracer sees every operation."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:  # nothing was compiled: don't pay dynamo's import
+        yield
+        return
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:  # pragma: no cover - older torch
+        with torch._dynamo.config.patch(disable=True):
+            yield
+        return
+    with set_stance("force_eager"):
+        yield
+
+
+class _StepCheck:
+    """Checks gradients in every optimizer's step pre-hook, before the update."""
+
+    def __init__(self, replaying: bool = False) -> None:
+        self.replaying = replaying
+        self.failed: Any = None
+        self.checked = False
+        self.handle: Any = None
+
+    def __enter__(self) -> _StepCheck:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self.handle = register_optimizer_step_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.handle.remove()
+
+    def _hook(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self.checked = True
+        if self.replaying:
+            # the replay stops before any update: gradients are what it explains
+            if not _finite(_grads(_opt_params(opt))):
+                raise _Abort()
+            return
+        if not _finite(_grads(_opt_params(opt))):
+            self.failed = opt
+            raise _Abort()
+
+
+def _failure_report(function: str, hits: list, notes: list[str]) -> Report:
+    report = Report(backend=BACKEND, function=function)
+    report.findings.append(
+        Finding(kind="nonfinite", catalog_id=None, phase="gradient", primitive="?", where=None,
+                result="nan", outputs=hits)
+    )
+    report.notes.extend(notes)
+    return report
+
+
+class guard:
+    """Guard a training step: same outputs, one fused finiteness check, and on failure a
+    :class:`gradsan.NonFiniteError` that says where the NaN/Inf was born.
+
+    ``guarded = gradsan.torch.guard(step)``; ``step(*args)`` runs forward and backward (and may
+    call ``optimizer.step()``). Each call pays one reduction over every ``.grad`` (plus the loss
+    it returns). When an optimizer steps inside ``step``, the check runs in its step pre-hook,
+    **before the update**, so parameters and optimizer state are never touched by a non-finite
+    gradient. On failure gradsan zeroes the ``.grad``'s, restores the RNG state, replays the
+    step eagerly (also when the model is ``torch.compile``'d) under the tracer and raises.
+
+    As a context manager (``with gradsan.torch.guard(model): ...``) it checks the same way but
+    cannot replay a with-block: the error names the non-finite gradients; wrap the step in a
+    function to get the origin.
+
+    **Arguments:** ``step``; ``module``: modules whose parameters to check and to name (found
+    on their own through the step's closure, its globals, its arguments and the optimizer);
+    ``params``: extra tensors whose ``.grad`` to check.
+    """
+
+    def __init__(
+        self,
+        step: Callable | torch.nn.Module | None = None,
+        *,
+        module: Any = None,
+        params: Iterable[torch.Tensor] | None = None,
+    ) -> None:
+        if isinstance(step, torch.nn.Module) and module is None and not _looks_like_step(step):
+            module, step = step, None
+        if step is not None:
+            check_callable(step, "guard")
+            functools.update_wrapper(self, step, updated=())
+        self.step = step
+        self.modules = check_modules(module)
+        self.params = list(params or [])
+        for p in self.params:
+            if not isinstance(p, torch.Tensor):
+                raise UsageError(f"params= takes tensors, got {type(p).__name__}")
+        mods, self.opts = _discover(step) if step is not None else ([], [])
+        self.modules += [(m, n) for m, n in mods if all(m is not x for x, _ in self.modules)]
+        self._ctx: list[Any] = []
+
+    # -- the guarded step -----------------------------------------------------------------------
+    def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        ps: dict[int, torch.Tensor] = {}
+        for m, _ in self.modules:
+            for p in m.parameters():
+                ps.setdefault(id(p), p)
+        for p in self.params:
+            ps.setdefault(id(p), p)
+        for o in self.opts:
+            for p in _opt_params(o):
+                ps.setdefault(id(p), p)
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.nn.Module):
+                for p in a.parameters():
+                    ps.setdefault(id(p), p)
+            elif isinstance(a, torch.Tensor) and a.requires_grad and a.is_leaf:
+                ps.setdefault(id(a), a)
+        return list(ps.values())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.step is None:
+            raise UsageError(
+                "gradsan.torch.guard() without a step is a context manager: "
+                "`with gradsan.torch.guard(model): ...`; or wrap a step: guard(step)(*args)"
+            )
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        check = _StepCheck()
+        out = None
+        with check:
+            try:
+                out = self.step(*args, **kwargs)
+            except _Abort:
+                pass
+        if check.failed is None:
+            losses = [t for t in _returned_losses(out)]
+            grads = [] if check.checked else _grads(self._watched(args, kwargs))
+            if _finite(grads, losses):
+                return out
+        self._replay(args, kwargs, rng, cuda_rng)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _replay(self, args: tuple, kwargs: dict, rng: torch.Tensor, cuda_rng: Any) -> None:
+        watched = self._watched(args, kwargs)
+        for p in watched:
+            p.grad = None
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+        session = _Session(None)
+        session.modules = list(self.modules)
+        session.report.function = getattr(self.step, "__name__", "step")
+        session.extra_leaves = [p for p in watched]
+        session.namer.add_locals(_arg_names(self.step, args, kwargs))
+        report = session.__enter__()
+        tracer = session.tracer
+        assert tracer is not None
+        out = None
+        try:
+            with _eager(), _StepCheck(replaying=True), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
+                try:
+                    out = self.step(*args, **kwargs)
+                except _Abort:
+                    pass
+            if tracer.backward_calls == 0:
+                tracer.losses.extend(_returned_losses(out))
+        finally:
+            tracer.__exit__(None, None, None)
+            session.tracer = None
+        session.finish(tracer)
+        report.outputs = out
+        if report.ok:
+            namer = session.namer
+            hits = [output_hit(namer.name(p), p.grad) for p in watched
+                    if p.grad is not None and not all_finite(p.grad)]
+            report.findings.append(
+                Finding(kind="nonfinite", catalog_id=None, phase="gradient", primitive="?",
+                        where=None, result="nan", outputs=hits)
+            )
+            report.notes.append(
+                "the eager replay of the step did not reproduce the non-finite value "
+                "(nondeterminism, or state the step changes between calls?)"
+            )
+        raise NonFiniteError(report)
+
+    # -- context manager --------------------------------------------------------------------------
+    def __enter__(self) -> guard:
+        check = _StepCheck()
+        check.__enter__()
+        self._ctx.append(check)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        check = self._ctx.pop()
+        check.__exit__(exc_type, exc, tb)
+        if exc_type is not None and not issubclass(exc_type, _Abort):
+            return False
+        watched = self._watched((), {})
+        if check.failed is not None:
+            watched += [p for p in _opt_params(check.failed)]
+        if exc_type is None and (check.checked or _finite(_grads(watched))):
+            return False
+        namer = Namer()
+        namer.add_modules(self.modules)
+        hits = [output_hit(namer.name(p), p.grad) for p in watched
+                if p.grad is not None and not all_finite(p.grad)]
+        report = _failure_report(
+            "the with-block",
+            hits,
+            ["a with-block cannot be replayed: wrap the step in a function, "
+             "gradsan.torch.guard(step)(*args), or run it under gradsan.torch.explain() "
+             "to find where the NaN/Inf was born"],
+        )
+        raise NonFiniteError(report) from None
+
+
+def _looks_like_step(m: torch.nn.Module) -> bool:
+    return False
+
+
+def _returned_losses(out: Any) -> list[torch.Tensor]:
+    return [t for t in tensors_in(out) if t.is_floating_point() and t.numel() <= 1]
+
+
+def _arg_names(fn: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    import inspect
+
+    try:
+        return dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return {f"args[{i}]": a for i, a in enumerate(args)}

@@ -116,6 +116,8 @@ class Tracer:
         self.kink_hits: list[tuple[Tag, str, Any]] = []
         self.bool_strict: dict[Key, tuple[weakref.ref, torch.Tensor | None]] = {}
         self.backward_calls = 0
+        self.sz: Any = None  # nansafe: (tracer, name, args, kwargs, out) -> {edge: mask}
+        self.before_backward: Any = None  # nansafe: called with the roots of each backward
         self.caller = None
         probe = torch.zeros(1, requires_grad=True) * 1.0
         self.seq0 = probe.grad_fn._sequence_nr() if probe.grad_fn is not None else 0
@@ -178,6 +180,10 @@ class Tracer:
                     if tag is None:
                         tag = self._make_tag(func, name, op, args, kwargs)
                     md["gradsan"] = tag
+                    if self.sz is not None:
+                        edges = self.sz(self, name, args, kwargs, t)
+                        if edges:
+                            md["gradsan_sz"] = edges
                     self._tag_inner(gf, tag)
         if self.kinks and op in _rules.KINK_IDS:
             if tag is None:
@@ -267,8 +273,10 @@ class Tracer:
 
     def on_backward_call(self, tensors: Any) -> None:
         self.backward_calls += 1
-        for t in tensors_in(tensors):
-            self.losses.append(t)
+        roots = list(tensors_in(tensors))
+        self.losses.extend(roots)
+        if self.before_backward is not None:
+            self.before_backward(roots)
 
     # -- backward -------------------------------------------------------------------------------
     def on_aten(
@@ -341,8 +349,9 @@ class Tracer:
                 tag = _tag_of(src)
                 ev.zero_from = tag.frame if tag else None
             elif src is None:
-                # the zero came from the forward pass: the node's own op supplied it
-                ev.zero_from = None
+                # the zero was saved in the forward pass: the node's own op used it
+                tag = _tag_of(node)
+                ev.zero_from = tag.frame if tag else None
 
     # -- blame ------------------------------------------------------------------------------------
     def producer_of(self, t: torch.Tensor) -> Event | External | None:

@@ -1,2 +1,124 @@
-def sanitize(*a, **k):
-    raise NotImplementedError
+"""`gradsan.torch.sanitize`: explain, plus every kink, tie and discontinuity the gradient went
+through, with the convention PyTorch chose there (and a flag when it is not admissible)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import _catalog
+from .._catalog import _classify
+from .._report import Finding
+from .._report._build import catalog_finding
+from . import _rules
+from ._explain import BACKEND, Namer, _scope, explain
+from ._mode import Tag, Tracer
+
+
+def _kink_finding(tracer: Tracer, tag: Tag, name: str, operands: list, params: dict,
+                  paths: dict[int, str]) -> Finding | None:
+    if not any(isinstance(o, torch.Tensor) and o.requires_grad for o in operands):
+        return None
+    op = tag.op
+    assert op is not None
+    if op == "select_n":
+        cond = operands[0]
+        if not isinstance(cond, torch.Tensor) or cond.dtype != torch.bool:
+            return None
+        strict = tracer.strict_of(cond)
+        if strict is None:
+            return None
+        mask = ~_rules.to_numpy(strict).astype(bool)
+        entry_id, qi, got = _rules.KINK_IDS[op], 0, "a comparison that holds with equality"
+    else:
+        hit = None
+        np_ops = [None if o is None else _rules.to_numpy(o) for o in operands]
+        if op in _classify.known_ops() and all(o is not None for o in np_ops):
+            try:
+                hit = _classify.classify(op, np_ops, None, params)
+            except Exception:  # an unreadable operand is not a finding
+                hit = None
+        if hit is not None:
+            if hit.entry_id not in _KINKISH:
+                return None
+            mask, entry_id, qi, got = hit.mask, hit.entry_id, hit.operand, hit.got
+        else:
+            km = _rules.kink_mask(op, operands, params)
+            if km is None:
+                return None
+            mask, qi = km
+            entry_id = _rules.KINK_IDS[op]
+            got = ""
+        mask = np.asarray(mask, bool)
+        if not mask.any():
+            return None
+        if not got:
+            vals = np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape) if operands[qi] is not None else None
+            got = _classify.format_value(vals[mask].flat[0]) if vals is not None else ""
+    mask = np.asarray(mask, bool)
+    if not mask.any():
+        return None
+    idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
+    kind = "convention" if op in _rules.INADMISSIBLE else "kink"
+    detail: dict[str, Any] = {}
+    try:
+        entry = _catalog.get(entry_id)
+        conv = entry.conventions.get("torch")
+        if conv:
+            detail["convention"] = conv
+        if entry.subdifferential:
+            detail["subdifferential"] = entry.subdifferential
+    except KeyError:
+        detail["missing_catalog_entry"] = entry_id
+    if kind == "convention":
+        detail["admissible"] = False
+    return catalog_finding(
+        backend=BACKEND,
+        entry_id=entry_id,
+        kind=kind,
+        phase="gradient",
+        primitive=name,
+        where=tag.frame,
+        result="finite",
+        backend_op=tag.qualname,
+        got=got,
+        count=int(mask.sum()),
+        size=int(mask.size),
+        index=idx,
+        scope=_scope(tag, paths),
+        detail=detail,
+    )
+
+
+_KINKISH = set(_rules.KINK_IDS.values()) | {
+    e.id for e in _catalog.ENTRIES if e.kind in ("kink", "discontinuity")
+}
+
+
+class sanitize(explain):
+    """Like :func:`gradsan.torch.explain`, and also report every kink the computation sat on
+    (kind ``"kink"``: abs/relu at 0, max/min/sort/topk ties, clamp at a bound, floor/round at a
+    jump, ``torch.where`` on its boundary) and every PyTorch convention outside the admissible
+    set (kind ``"convention"``: atan2's ``[0, 0]`` at the origin, det's gradient at a singular
+    matrix). If it reports nothing, plain autograd returned the true derivative.
+    Same two forms: ``with gradsan.torch.sanitize() as report:`` or ``sanitize(fn)(*args)``.
+    """
+
+    kinks = True
+
+    def finish(self, tracer: Tracer) -> None:
+        super().finish(tracer)
+        paths = Namer().module_paths(list(self.modules) + tracer.roots)
+        seen: set[tuple] = set()
+        for tag, name, (operands, params) in tracer.kink_hits:
+            f = _kink_finding(tracer, tag, name, list(operands), dict(params), paths)
+            if f is None:
+                continue
+            k = (f.catalog_id, f.where.file if f.where else None, f.where.line if f.where else None,
+                 f.where.column if f.where else None)
+            if k in seen:
+                continue
+            seen.add(k)
+            self.report.findings.append(f)
