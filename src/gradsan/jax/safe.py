@@ -19,12 +19,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
-from jax.typing import ArrayLike
-
-import jax
 from jax import lax
+from jax.typing import ArrayLike
 
 __all__ = [
     "abs",
@@ -287,12 +286,9 @@ def pow(x: ArrayLike, p: ArrayLike) -> jax.Array:
         >>> print(jax.grad(safe.pow)(0.0, 0.5), jax.grad(safe.pow)(0.0, 2.5))
         0.0 0.0
     """
-    x = _inexact(x)
     if isinstance(p, (int, float)) and not isinstance(p, bool):
-        return _pow_static(x, p)
-    p = _inexact(p)
-    dt = jnp.promote_types(x.dtype, p.dtype)
-    x, p = jnp.broadcast_arrays(x.astype(dt), p.astype(dt))
+        return _pow_static(_inexact(x), p)
+    x, p = jnp.broadcast_arrays(*_common(x, p))
     return _pow_array(x, p)
 
 
@@ -356,9 +352,7 @@ def xlogy(x: ArrayLike, y: ArrayLike) -> jax.Array:
         >>> print(jax.grad(safe.xlogy, (0, 1))(0.0, 0.0))
         (Array(0., dtype=float32, weak_type=True), Array(0., dtype=float32, weak_type=True))
     """
-    x, y = _inexact(x), _inexact(y)
-    dt = jnp.promote_types(x.dtype, y.dtype)
-    return _xlogy(x.astype(dt), y.astype(dt))
+    return _xlogy(*_common(x, y))
 
 
 @jax.custom_jvp
@@ -424,7 +418,7 @@ def div(x: ArrayLike, y: ArrayLike, fill: ArrayLike = 0.0) -> jax.Array:
         >>> print(jax.grad(safe.div, (0, 1))(1.0, 0.0))
         (Array(0., dtype=float32, weak_type=True), Array(0., dtype=float32, weak_type=True))
     """
-    x, y = _inexact(x), _inexact(y)
+    x, y = _common(x, y)
     nz = y != 0
     return jnp.where(nz, x / _mask(nz, y), fill)
 
@@ -509,11 +503,17 @@ arctanh = _unary(
 )
 
 
+def _common(*args: ArrayLike) -> list[jax.Array]:
+    """The arguments as arrays of one inexact dtype; Python numbers stay weakly typed."""
+    dt = jnp.result_type(*args)
+    if not jnp.issubdtype(dt, jnp.inexact):
+        dt = jax.dtypes.canonicalize_dtype(jnp.float64)
+    return [jnp.asarray(a, dt) for a in args]
+
+
 def _binary(fn):
     def wrapper(a: ArrayLike, b: ArrayLike) -> jax.Array:
-        a, b = _inexact(a), _inexact(b)
-        dt = jnp.promote_types(a.dtype, b.dtype)
-        return fn(a.astype(dt), b.astype(dt))
+        return fn(*_common(a, b))
 
     return wrapper
 
@@ -955,7 +955,7 @@ def cosine_similarity(
         >>> print(bool(jnp.isfinite(g[0]).all()), g[1])
         True [0. 0.]
     """
-    x1, x2 = _inexact(x1), _inexact(x2)
+    x1, x2 = _common(x1, x2)
     dot = jnp.sum(x1 * x2, axis=axis)
     n1 = maximum(norm(x1, axis=axis), eps)
     n2 = maximum(norm(x2, axis=axis), eps)
@@ -979,7 +979,7 @@ def pairwise_distance(
         >>> print(jax.grad(safe.pairwise_distance)(jnp.ones(2), jnp.ones(2)))
         [0. 0.]
     """
-    x1, x2 = _inexact(x1), _inexact(x2)
+    x1, x2 = _common(x1, x2)
     return norm(x1 - x2, ord=ord, axis=axis, keepdims=keepdims)
 
 
@@ -1003,7 +1003,7 @@ def cdist(x1: ArrayLike, x2: ArrayLike, p: int | float = 2) -> jax.Array:
         [[-1.2 -1.6]
          [ 1.2  1.6]]
     """
-    x1, x2 = _inexact(x1), _inexact(x2)
+    x1, x2 = _common(x1, x2)
     diff = x1[..., :, None, :] - x2[..., None, :, :]
     return norm(diff, ord=p, axis=-1)
 
