@@ -78,3 +78,34 @@ def test_guard_on_value_overflow_float16():
     [fd] = info.value.report.findings
     assert fd.where.line == line_of("L:f16") and fd.primitive == "exp"
     assert fd.phase == "value"
+
+
+def test_guard_fuses_into_a_jitted_function_with_static_args():
+    @jax.jit
+    def plain(x):
+        return jnp.sqrt(x)
+
+    f = jax.jit(lambda x, n: jnp.sqrt(x) * n, static_argnums=(1,))
+    g = gsj.guard(f)
+    x = jnp.arange(4.0)
+    np.testing.assert_array_equal(np.asarray(g(x, 3)), np.asarray(f(x, 3)))
+    with pytest.raises(gradsan.NonFiniteError):
+        g(x - 1.0, 2)
+
+
+def test_guard_keep_inputs_false_keeps_donation_and_lists_bad_outputs():
+    step = gsj.guard(make_step(True), keep_inputs=False)
+    w = jnp.zeros((8, 4))
+    with pytest.raises(gradsan.NonFiniteError) as info:
+        step(w, jnp.ones((16, 8)))
+    assert w.is_deleted()
+    assert "could not be replayed" in str(info.value)
+    assert "[1] (32 of 32 elements)" in str(info.value)
+
+
+def test_guard_keeps_donated_inputs_alive_for_the_replay():
+    w = jnp.zeros((8, 4))
+    step = gsj.guard(make_step(True))
+    with pytest.raises(gradsan.NonFiniteError):
+        step(w, jnp.ones((16, 8)))
+    assert not w.is_deleted()

@@ -117,6 +117,8 @@ def render_finding(f: Finding, number: int | None = None) -> str:
 
 def render(report: Report) -> str:
     if not report.findings:
+        if report.notes:
+            return f"gradsan: {report.function}: " + "\n".join(report.notes)
         return f"gradsan: no findings for {report.function}: every output is finite."
     parts = []
     n = len(report.findings)

@@ -334,12 +334,20 @@ def _overflow_hit(origin: Node):
 
 def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
              outputs: Any = None, run_outputs: bool = True) -> Report:
-    labels, leaves = arg_labels(fun, args, kwargs)
+    # a jitted function's static arguments stay Python values (None flattens to no leaves)
+    info = getattr(fun, "_jit_info", None)
+    s_pos = set(getattr(info, "static_argnums", ()) or ())
+    s_names = set(getattr(info, "static_argnames", ()) or ())
+    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
+    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
+    labels, leaves = arg_labels(fun, dyn_args, dyn_kwargs)
     check_args(leaves, labels, who)
-    flat_args, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+    flat_args, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
 
     def flat_fun(*flat):  # a fresh closure per call: make_jaxpr caches per callable (P7)
         a, k = jax.tree_util.tree_unflatten(in_tree, list(flat))
+        a = tuple(args[i] if i in s_pos else x for i, x in enumerate(a))
+        k = {n: (kwargs[n] if n in s_names else x) for n, x in k.items()}
         return fun(*a, **k)
 
     try:

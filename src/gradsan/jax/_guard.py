@@ -1,5 +1,10 @@
-"""gradsan.jax.guard: the same function, plus one finiteness check of its outputs; on failure,
-replay the interpreter on the same inputs and raise NonFiniteError with the report."""
+"""gradsan.jax.guard: the same function, plus one finiteness flag of its outputs; on failure,
+replay the interpreter on the same inputs and raise NonFiniteError with the report.
+
+For a jitted function the flag is computed inside the same compiled program (one fused
+reduction over the outputs), so a healthy step pays almost nothing. Donation is dropped from
+that program so the inputs survive for the replay (``keep_inputs=False`` keeps it).
+"""
 
 from __future__ import annotations
 
@@ -11,47 +16,79 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import NonFiniteError
+from .._report import OutputHit, Report
 from ._explain import check_callable, diagnose
 
 
-@jax.jit
-def _all_finite(leaves: list) -> jax.Array:
-    # x * 0 is exactly 0 for finite x and NaN for inf or NaN, so one fused sum decides it with
-    # no overflow false alarm; on XLA:CPU it is cheaper than isfinite(x).all() per leaf.
-    total = sum(jnp.sum(x * 0, dtype=jnp.float32) for x in leaves)
+def _flag(out: Any) -> jax.Array:
+    """True when every float leaf of ``out`` is finite.
+
+    x * 0 is exactly 0 for finite x and NaN for inf or NaN, so one fused sum decides it with
+    no overflow false alarm.
+    """
+    leaves = [x for x in jax.tree_util.tree_leaves(out)
+              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not leaves:
+        return jnp.array(True)
+    total = sum(jnp.sum(jnp.real(x) * 0 + jnp.imag(x) * 0 if jnp.iscomplexobj(x) else x * 0,
+                        dtype=jnp.float32) for x in leaves)
     return jnp.isfinite(total)
 
 
-def _float_leaves(tree: Any) -> list:
-    return [x for x in jax.tree_util.tree_leaves(tree)
-            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+_separate_flag = jax.jit(_flag)
 
 
-def _donates(fun: Callable, args: tuple, kwargs: dict) -> bool:
-    """Does ``fun`` (a jitted function) donate any of its argument buffers?"""
+def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
+    """The jitted ``fun`` recompiled to also return the flag, with the same static and
+    donation options; None when ``fun`` is not a plain ``jax.jit`` function."""
+    info = getattr(fun, "_jit_info", None)
+    inner = getattr(fun, "__wrapped__", None)
+    if info is None or inner is None or getattr(info, "user_specified_in_shardings", False):
+        return None
+
+    def with_flag(*args: Any, **kwargs: Any):
+        out = inner(*args, **kwargs)
+        return out, _flag(out)
+
+    opts: dict[str, Any] = {
+        "static_argnums": info.static_argnums,
+        "static_argnames": info.static_argnames,
+        "keep_unused": info.keep_unused,
+    }
+    if not keep_inputs:
+        opts["donate_argnums"] = info.donate_argnums
+        opts["donate_argnames"] = info.donate_argnames
     try:
-        closed = jax.make_jaxpr(fun)(*args, **kwargs)
-    except Exception:
-        return False
-    for eqn in closed.jaxpr.eqns:
-        if any(eqn.params.get("donated_invars", ()) or ()):
-            return True
-    return False
+        return jax.jit(functools.wraps(inner)(with_flag), **opts)
+    except Exception:  # pragma: no cover - unusual jit options: fall back to a separate check
+        return None
 
 
-def _copy(tree: Any) -> Any:
-    return jax.tree_util.tree_map(
-        lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x, tree)
+def _summary_report(fun: Callable, out: Any) -> Report:
+    report = Report(outputs=out, function=getattr(fun, "__name__", "function"), backend="jax")
+    bad = []
+    for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact):
+            n = int((~jnp.isfinite(x)).sum())
+            if n:
+                bad.append(str(OutputHit(jax.tree_util.keystr(path) or "output", n, int(x.size))))
+    report.notes.append(
+        "non-finite outputs: " + ", ".join(bad) + ". The inputs were donated to the step, so "
+        "they could not be replayed: use gradsan.jax.guard(step) without keep_inputs=False, or "
+        "run gradsan.jax.explain(step) on a copy of the inputs."
+    )
+    return report
 
 
-def guard(fun: Callable) -> Callable:
-    """A drop-in wrapper: the same signature and bit-identical outputs, plus one fused
-    finiteness check of the outputs. When an output is NaN or Inf, the same call is replayed
-    through gradsan's interpreter and ``gradsan.NonFiniteError`` (a ``FloatingPointError``) is
-    raised; its message is the report and ``err.report`` the :class:`gradsan.Report`.
+def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
+    """A drop-in wrapper: the same signature and outputs, plus one finiteness check of the
+    outputs. When an output is NaN or Inf, the same call is replayed through gradsan's
+    interpreter and ``gradsan.NonFiniteError`` (a ``FloatingPointError``) is raised; its message
+    is the report and ``err.report`` the :class:`gradsan.Report`.
 
-    Works on jitted functions, including ones that donate their input buffers (the inputs are
-    then copied before each call so the replay sees them unchanged).
+    On a ``jax.jit`` function the check is fused into the same compiled program. Buffer
+    donation is then turned off so the inputs survive for the replay; ``keep_inputs=False``
+    keeps the donation (and gives up the replay: the error then lists the bad outputs only).
 
     Example::
 
@@ -59,25 +96,28 @@ def guard(fun: Callable) -> Callable:
         params, opt_state, loss = step(params, opt_state, batch)
     """
     check_callable(fun, "guard")
-    state: dict[str, Any] = {"donates": None}
+    fused = _fused(fun, keep_inputs)
+    donating = bool(getattr(getattr(fun, "_jit_info", None), "donate_argnums", ()))
 
     @functools.wraps(fun)
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        if state["donates"] is None:
-            state["donates"] = _donates(fun, args, kwargs)
-        kept = _copy((args, kwargs)) if state["donates"] else (args, kwargs)
-        out = fun(*args, **kwargs)
-        leaves = _float_leaves(out)
-        if leaves and not bool(_all_finite(leaves)):
-            report = diagnose(fun, kept[0], kept[1], who="guard", outputs=out)
-            if not report.findings:
-                report.notes.append(
-                    "the compiled function returned a non-finite value, but the replay through "
-                    "the interpreter stayed finite (XLA fusion can change rounding): run "
-                    "gradsan.jax.explain on the un-jitted function."
-                )
-            raise NonFiniteError(report)
-        return out
+        if fused is not None:
+            out, ok = fused(*args, **kwargs)
+        else:
+            out = fun(*args, **kwargs)
+            ok = _separate_flag(out)
+        if bool(ok):
+            return out
+        if fused is not None and donating and not keep_inputs:
+            raise NonFiniteError(_summary_report(fun, out))
+        report = diagnose(fun, args, kwargs, who="guard", outputs=out)
+        if not report.findings:
+            report.notes.append(
+                "the compiled function returned a non-finite value, but the replay through "
+                "the interpreter stayed finite (XLA fusion can change rounding): run "
+                "gradsan.jax.explain on the un-jitted function."
+            )
+        raise NonFiniteError(report)
 
     guarded.__gradsan_guarded__ = True  # type: ignore[attr-defined]
     return guarded
