@@ -258,3 +258,28 @@ def test_partial_and_kwargs():
     report = gsj.explain(jax.grad(functools.partial(loss, scale=0.0)))(1.0)
     [f] = report.findings
     assert f.where.line == line_of("L:kw")
+
+
+@jax.custom_vjp
+def _clip_grad(x):
+    return x
+
+
+def _clip_grad_fwd(x):
+    return x, x
+
+
+def _clip_grad_bwd(x, g):
+    scale = g * 2.0
+    return (scale / x,)  # L:bwd
+
+
+_clip_grad.defvjp(_clip_grad_fwd, _clip_grad_bwd)
+
+
+def test_custom_vjp_bwd_rule_is_blamed_on_its_own_line(maybe_jit):
+    f = maybe_jit(jax.grad(lambda x: _clip_grad(x) * 2))
+    f(1.0)  # a cached trace must not hide the rule's lines
+    [finding] = gsj.explain(f)(0.0).findings
+    assert finding.where.line == line_of("L:bwd") and finding.where.function == "_clip_grad_bwd"
+    assert finding.catalog_id == "div-by-zero"

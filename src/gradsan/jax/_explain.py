@@ -17,11 +17,10 @@ from .._report import Finding, OutputHit, Report
 from .._report._build import catalog_finding
 from . import _rules
 from ._interpret import FINITE, INF, NAN, Interpreter, Node, group_key
-from ._source import exclude_gradsan
+from ._source import custom_vjp_rule_frame, exclude_gradsan
 
 exclude_gradsan()
 
-_FORM_NAMES = {"mul": "0*inf", "div": "0/0"}
 
 
 # -- input checks -------------------------------------------------------------------------------
@@ -95,47 +94,66 @@ def _stat(src) -> int:
     return FINITE if src is None else src[0].status[src[1]]
 
 
-def walk(src) -> list[tuple[Node, Node | None]]:
-    """Follow a non-finite value back along the dataflow to where it was born.
+class Blame:
+    """Follows non-finite values back along the dataflow to where they were born.
 
-    Returns the origins, each with its poison: an origin has only finite inputs (or is an
-    input or a constant); its poison is the first node on the way where NaN appeared from
-    inf-but-not-NaN inputs. Constants (jnp.var's NaN fill) are reported only when nothing else
-    explains the value.
+    For each value it finds the origins: an origin has only finite inputs (or is an input or a
+    constant). With each origin comes its poison: the node where NaN appeared from inf but not
+    NaN inputs, which is where the inf met a zero. Results are memoized per node, so blaming
+    every output of a large model walks the non-finite subgraph once. An intentional inf (a
+    -inf mask constant) is not an origin: the NaN was born where two such infinities met.
     """
-    found: list[tuple[Node, Node | None]] = []
-    seen: set[int] = set()
-    stack = [(src, None)]
-    while stack:
-        (node, k), poison = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.kind == "const" and poison is not None:
-            # an intentional inf (a -inf mask) is not the problem: the NaN was born where two
-            # such infinities met (softmax of a fully masked row computes -inf - (-inf))
-            found.append((poison, None))
-            continue
+
+    def __init__(self) -> None:
+        self.memo: dict[tuple[int, int], dict[int, tuple[Node, Node | None]]] = {}
+
+    @staticmethod
+    def _children(node: Node, k: int) -> list:
         if node.kind in ("input", "const"):
-            found.append((node, poison))
-            continue
-        if node.kind == "stack":
-            first = next(s for s in node.ins if _stat(s) != FINITE)
-            stack.append((first, poison))
-            continue
+            return []
         bad = [s for s in node.ins if _stat(s) != FINITE]
-        if not bad:
-            found.append((node, poison))
-            continue
-        out = node.status[k]
-        nan_in = [s for s in bad if _stat(s) == NAN]
-        if poison is None and out == NAN and not nan_in:
-            poison = node
-        follow = (nan_in or bad) if out == NAN else bad
-        for s in reversed(follow):
-            stack.append((s, poison))
-    real = [f for f in found if f[0].kind != "const"]
-    return real or found
+        if node.kind == "stack":
+            return bad[:1]
+        if node.status[k] == NAN:
+            nan_in = [s for s in bad if _stat(s) == NAN]
+            return nan_in or bad
+        return bad
+
+    def _combine(self, node: Node, k: int, children: list) -> dict:
+        if not children:
+            return {id(node): (node, None)}
+        bad = [s for s in node.ins if _stat(s) != FINITE]
+        is_poison = (node.kind == "eqn" and node.status[k] == NAN
+                     and not any(_stat(s) == NAN for s in bad))
+        out: dict[int, tuple[Node, Node | None]] = {}
+        for c in children:
+            for key, (origin, poison) in self.memo[(id(c[0]), c[1])].items():
+                if is_poison and origin.kind == "const":
+                    out.setdefault(id(node), (node, None))
+                    continue
+                if poison is None and is_poison:
+                    poison = node
+                out.setdefault(key, (origin, poison))
+        return out
+
+    def origins(self, src) -> list[tuple[Node, Node | None]]:
+        stack = [(src, False)]
+        while stack:
+            (node, k), expanded = stack.pop()
+            key = (id(node), k)
+            if key in self.memo:
+                continue
+            children = self._children(node, k)
+            if expanded:
+                self.memo[key] = self._combine(node, k, children)
+                continue
+            stack.append(((node, k), True))
+            for c in children:
+                if (id(c[0]), c[1]) not in self.memo:
+                    stack.append((c, False))
+        found = list(self.memo[(id(src[0]), src[1])].values())
+        real = [f for f in found if f[0].kind != "const"]
+        return real or found
 
 
 def _forward_node(interp: Interpreter, origin: Node) -> Node | None:
@@ -267,8 +285,25 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
     value_phase = (not getattr(origin, "backward", False)
                    and (fwd is origin or (fwd is None and first == origin.seq)))
     where = (fwd or origin).user_frame
+    if (fwd is None and getattr(origin, "backward", False) and origin.place is not None
+            and origin.place.custom_vjp and where is not None):
+        # born in a custom_vjp backward rule, whose equations carry the call site (P3)
+        rule = custom_vjp_rule_frame(where, origin.prim)
+        if rule is not None:
+            detail_call_site = where
+            where = rule
+            lib = None
+        else:
+            detail_call_site = None
+    else:
+        detail_call_site = None
     detail: dict[str, Any] = {"origin_op": origin.prim}
-    if fwd is not None and fwd is not origin:
+    if detail_call_site is not None:
+        detail["custom_vjp_call"] = str(detail_call_site)
+        detail["note"] = f"in the custom_vjp backward rule called at {detail_call_site}"
+    if "note" in detail:
+        pass
+    elif fwd is not None and fwd is not origin:
         detail["note"] = f"its derivative is {result} there"
     else:
         detail["note"] = f"it returned {result}"
@@ -333,7 +368,14 @@ def _overflow_hit(origin: Node):
 # -- the transformation -------------------------------------------------------------------------
 
 def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
-             outputs: Any = None, run_outputs: bool = True) -> Report:
+             outputs: Any = None, run_outputs: bool = True,
+             trace_fun: Callable | None = None) -> Report:
+    """Interpret ``fun(*args, **kwargs)`` and blame every non-finite output.
+
+    ``trace_fun`` computes the same outputs and is what gets traced (guard passes its already
+    compiled twin, whose trace jax has cached).
+    """
+    traced = trace_fun or fun
     # a jitted function's static arguments stay Python values (None flattens to no leaves)
     info = getattr(fun, "_jit_info", None)
     s_pos = set(getattr(info, "static_argnums", ()) or ())
@@ -348,7 +390,7 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
         a, k = jax.tree_util.tree_unflatten(in_tree, list(flat))
         a = tuple(args[i] if i in s_pos else x for i, x in enumerate(a))
         k = {n: (kwargs[n] if n in s_names else x) for n, x in k.items()}
-        return fun(*a, **k)
+        return traced(*a, **k)
 
     try:
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat_args)
@@ -366,6 +408,7 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
+    blame = Blame()
     groups: dict[int, tuple[Node, Node | None, list[OutputHit]]] = {}
     order: list[int] = []
     for val, src, label in zip(outs, out_srcs, out_labels):
@@ -377,7 +420,7 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
         nan = int(np.isnan(a).sum())
         inf = int(np.isinf(a).sum())
         hit = OutputHit(label, nan + inf, int(a.size), nan, inf)
-        for origin, poison in walk(src):
+        for origin, poison in blame.origins(src):
             # the same equation in many loop iterations is one finding, at its first iteration
             key = id(origin.eqn) if origin.eqn is not None else id(origin)
             if key not in groups:

@@ -23,16 +23,19 @@ from ._explain import check_callable, diagnose
 def _flag(out: Any) -> jax.Array:
     """True when every float leaf of ``out`` is finite.
 
-    x * 0 is exactly 0 for finite x and NaN for inf or NaN, so one fused sum decides it with
-    no overflow false alarm.
+    x * 0 is exactly 0 for finite x and NaN for inf or NaN, so one sum over all leaves decides
+    it with no overflow false alarm. The leaves are concatenated into that one reduction: XLA
+    fuses the concatenation, and one reduction compiles much faster than one per leaf.
     """
-    leaves = [x for x in jax.tree_util.tree_leaves(out)
-              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
-    if not leaves:
+    parts = []
+    for x in jax.tree_util.tree_leaves(out):
+        if not (hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)):
+            continue
+        for part in ((jnp.real(x), jnp.imag(x)) if jnp.iscomplexobj(x) else (x,)):
+            parts.append((part * 0).astype(jnp.float32).reshape(-1))
+    if not parts:
         return jnp.array(True)
-    total = sum(jnp.sum(jnp.real(x) * 0 + jnp.imag(x) * 0 if jnp.iscomplexobj(x) else x * 0,
-                        dtype=jnp.float32) for x in leaves)
-    return jnp.isfinite(total)
+    return jnp.isfinite(jnp.sum(jnp.concatenate(parts)))
 
 
 _separate_flag = jax.jit(_flag)
@@ -110,7 +113,8 @@ def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
             return out
         if fused is not None and donating and not keep_inputs:
             raise NonFiniteError(_summary_report(fun, out))
-        report = diagnose(fun, args, kwargs, who="guard", outputs=out)
+        trace_fun = (lambda *a, **k: fused(*a, **k)[0]) if fused is not None else None
+        report = diagnose(fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
         if not report.findings:
             report.notes.append(
                 "the compiled function returned a non-finite value, but the replay through "

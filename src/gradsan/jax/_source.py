@@ -105,6 +105,7 @@ class Place:
     user: Frame | None
     key: tuple | None  # the innermost non-plumbing position: groups a primal op with its jvp
     library: str | None  # "jnp.linalg.norm"
+    custom_vjp: bool = False  # traced by a custom_vjp: backward ops carry the call site (P3)
 
 
 _EMPTY = Place(None, None, None)
@@ -161,6 +162,7 @@ def _place_of(tb) -> Place:
         return _EMPTY
     key = None
     library = None
+    cvjp = any(c.co_name == "process_custom_vjp_call" for c in codes)
     for code, lasti in zip(codes, lastis):
         cls = _file_class(code.co_filename)
         if cls == "plumbing" or cls == "internal":
@@ -172,8 +174,8 @@ def _place_of(tb) -> Place:
             library = _libname(cls[8:], code.co_name)  # outermost library frame wins
             continue
         # the first user frame
-        return Place(_frame(code, lasti), key, library)
-    return Place(None, key, library)
+        return Place(_frame(code, lasti), key, library, cvjp)
+    return Place(None, key, library, cvjp)
 
 
 def exclude_gradsan() -> None:
@@ -193,3 +195,48 @@ def caller_frame(depth: int = 2) -> Frame | None:
     if f is None:
         return None
     return _frame(f.f_code, f.f_lasti)
+
+
+_OP_TEXT = {
+    "div": ("/",), "log": ("log",), "sqrt": ("sqrt",), "rsqrt": ("rsqrt",), "pow": ("**", "pow"),
+    "integer_pow": ("**",), "mul": ("*",), "exp": ("exp",), "atan2": ("arctan2", "atan2"),
+    "acos": ("arccos", "acos"), "asin": ("arcsin", "asin"), "log1p": ("log1p",),
+}
+
+
+def custom_vjp_rule_frame(call_site: Frame, prim: str) -> Frame | None:
+    """The line of the custom_vjp backward rule called at ``call_site`` that computes ``prim``.
+
+    JAX traces a custom_vjp's bwd under the call site's traceback (its equations carry no line
+    of their own), so the rule is found from the call: the callee's name in the call's source
+    text, looked up in the caller's module, then the rule's first line that spells the
+    operation (``/`` for div), else its ``def`` line.
+    """
+    import inspect
+    import re
+
+    if call_site.column is None or call_site.end_column is None:
+        return None
+    text = call_site.code[call_site.column:call_site.end_column]
+    m = re.match(r"\s*([A-Za-z_][\w.]*)\s*\(", text)
+    if not m:
+        return None
+    module = next((mod for mod in list(sys.modules.values())
+                   if getattr(mod, "__file__", None) == call_site.file), None)
+    obj: object = module
+    for part in m.group(1).split("."):
+        obj = getattr(obj, part, None)
+    bwd = getattr(obj, "bwd", None)
+    code = getattr(bwd, "__code__", None)
+    if code is None:
+        return None
+    try:
+        lines, first = inspect.getsourcelines(bwd)
+    except (OSError, TypeError):
+        return None
+    needles = _OP_TEXT.get(prim, (prim,))
+    for i, line in enumerate(lines[1:], first + 1):
+        body = line.split("#")[0]
+        if any(n in body for n in needles):
+            return Frame(code.co_filename, i, None, code.co_name, line.rstrip("\n"), None)
+    return Frame(code.co_filename, first, None, code.co_name, lines[0].rstrip("\n"), None)
