@@ -153,8 +153,8 @@ def test_value_and_grad_with_aux_names_both_outputs():
     phases = {f.phase for f in report.findings}
     assert phases == {"value", "gradient"}
     assert all(f.where.line == line_of("L:vag") for f in report.findings)
-    paths = [o.path for f in report.findings for o in f.outputs]
-    assert "grad x" in paths
+    outs = [(o.path, o.kind) for f in report.findings for o in f.outputs]
+    assert ("x", "grad") in outs and ("value", "value") in outs
 
 
 def test_nan_already_in_the_input_is_not_blamed_on_an_op(maybe_jit):
@@ -283,3 +283,18 @@ def test_custom_vjp_bwd_rule_is_blamed_on_its_own_line(maybe_jit):
     [finding] = gsj.explain(f)(0.0).findings
     assert finding.where.line == line_of("L:bwd") and finding.where.function == "_clip_grad_bwd"
     assert finding.catalog_id == "div-by-zero"
+
+
+def test_shard_map_names_the_shard_map_and_its_body_line():
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+
+    def body(x):
+        return jnp.log(x)  # L:shard
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    [finding] = gsj.explain(f)(jnp.zeros(4)).findings
+    assert finding.library == "shard_map" and finding.primitive == "log"
+    assert finding.where.line == line_of("L:shard")

@@ -46,9 +46,11 @@ class OutputHit:
     size: int
     nan: int = 0
     inf: int = 0
+    kind: str = ""  # "grad" (a gradient w.r.t. `path`), "value", "output", or "" if unknown
 
     def __str__(self) -> str:
-        return f"{self.path} ({self.count} of {self.size} elements)"
+        name = f"d/d{self.path}" if self.kind == "grad" and self.path.isidentifier() else self.path
+        return f"{name} ({self.count} of {self.size} elements)"
 
 
 @dataclasses.dataclass

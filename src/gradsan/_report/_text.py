@@ -39,12 +39,26 @@ def _row(label: str, body: list[str], indent: str = "  ") -> list[str]:
     return [first] + [pad + b if not b.startswith(indent + " ") else b for b in body[1:]]
 
 
-def _outputs(f: Finding) -> str:
-    if not f.outputs:
-        return "the output"
-    names = [o.path for o in f.outputs[:3]]
-    more = f" and {len(f.outputs) - 3} more" if len(f.outputs) > 3 else ""
-    return ", ".join(f"`{n}`" for n in names) + more
+def _names(outs: list) -> str:
+    names = [f"`{o.path}`" for o in outs[:3]]
+    more = f" and {len(outs) - 3} more" if len(outs) > 3 else ""
+    return ", ".join(names) + more
+
+
+def _target(f: Finding) -> str:
+    """What went non-finite, in words: "the gradient for `theta`", "the value", "output `[1]`"."""
+    grads = [o for o in f.outputs if o.kind == "grad" or (not o.kind and f.phase == "gradient")]
+    values = [o for o in f.outputs if o.kind == "value"]
+    others = [o for o in f.outputs if o not in grads and o not in values]
+    parts = []
+    if values:
+        parts.append("the value" if len(values) == 1 and values[0].path == "value"
+                     else f"the value {_names(values)}")
+    if grads:
+        parts.append(f"the gradient for {_names(grads)}")
+    if others:
+        parts.append(f"{'output' if len(others) == 1 else 'outputs'} {_names(others)}")
+    return " and ".join(parts) or "the output"
 
 
 def headline(f: Finding) -> str:
@@ -53,14 +67,16 @@ def headline(f: Finding) -> str:
     if f.kind == "kink":
         return f"kink: {f.primitive} at {f.where}: {f.values or f.title}"
     what = _result_word(f.result)
-    target = "the gradient for" if f.phase == "gradient" else "the value of"
+    target = _target(f)
     if f.catalog_id == "nonfinite-input":
-        return f"{what} in {target} {_outputs(f)}: it was already in the input: {f.values}."
+        return f"{what} in {target}: it was already in the input: {f.values}."
     lib = f" (inside {f.library})" if f.library else ""
     got = f.detail.get("got")
-    s = f"{what} in {target} {_outputs(f)}: {f.primitive}{lib} at {f.where}"
+    s = f"{what} in {target}: {f.primitive}{lib} at {f.where}"
     if got is not None:
         s += f" got {got}"
+    if f.phase == "value" and any(o.kind == "grad" for o in f.outputs):
+        s += " in the forward pass"
     if f.detail.get("note"):
         s += f" ({f.detail['note']})"
     if f.zero_from is not None and f.form:

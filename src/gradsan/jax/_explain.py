@@ -71,21 +71,43 @@ def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], lis
     return labels, leaves
 
 
-def output_labels(out_shape: Any, args: tuple, in_labels: list[str]) -> list[str]:
-    """Paths of the outputs. A gradient shaped like the first argument is named after it."""
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]]
-    if args:
-        first = jax.tree_util.tree_structure(args[0])
-        n_first = first.num_leaves
-        if jax.tree_util.tree_structure(out_shape) == first:
-            return in_labels[:n_first]
-        # value_and_grad: (value, grad) / ((value, aux), grad)
-        if (isinstance(out_shape, tuple) and len(out_shape) == 2
-                and jax.tree_util.tree_structure(out_shape[1]) == first):
-            n_val = len(jax.tree_util.tree_leaves(out_shape[0]))
-            vals = ["value" + p[3:] if p.startswith("[0]") else p for p in paths[:n_val]]
-            return vals + ["grad " + lbl for lbl in in_labels[:n_first]]
-    return [("output" + p) if p else "output" for p in paths]
+def output_labels(fun: Callable, out_shape: Any, args: tuple,
+                  in_labels: list[str]) -> list[tuple[str, str]]:
+    """(path, kind) of each output leaf. Gradients are named after their argument (kind
+    "grad"), value_and_grad's value is "value", anything else is "output"."""
+    tree = jax.tree_util
+    paths = [tree.keystr(p) for p, _ in tree.tree_flatten_with_path(out_shape)[0]]
+    doc = getattr(fun, "__doc__", None) or ""
+    # in_labels are the flattened arguments' names; split them per positional argument
+    starts = [0]
+    for a in args:
+        starts.append(starts[-1] + len(tree.tree_leaves(a)))
+    per_arg = [in_labels[starts[i]:starts[i + 1]] for i in range(len(args))]
+
+    def grads_of(shape) -> list[tuple[str, str]] | None:
+        if args and tree.tree_structure(shape) == tree.tree_structure(args[0]):
+            return [(lbl, "grad") for lbl in per_arg[0]]
+        if (isinstance(shape, tuple) and 0 < len(shape) <= len(args)
+                and all(tree.tree_structure(s) == tree.tree_structure(a)
+                        for s, a in zip(shape, args))):  # argnums=(0, 1, ...)
+            return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
+        return None
+
+    if doc.startswith("Value and gradient of") and isinstance(out_shape, tuple) \
+            and len(out_shape) == 2:
+        g = grads_of(out_shape[1])
+        if g is not None:
+            n_val = len(tree.tree_leaves(out_shape[0]))
+            if isinstance(out_shape[0], tuple) and len(out_shape[0]) == 2:  # has_aux
+                vals = [("value" + p[6:] if p.startswith("[0][0]") else "aux" + p[6:], "value")
+                        for p in paths[:n_val]]
+            else:
+                vals = [("value" + p[3:], "value") for p in paths[:n_val]]
+            return vals + g
+    g = grads_of(out_shape)
+    if g is not None and (doc.startswith("Gradient of") or not doc.startswith("Value and")):
+        return g
+    return [(("output" + p) if p else "output", "output") for p in paths]
 
 
 # -- blame --------------------------------------------------------------------------------------
@@ -165,22 +187,32 @@ def _forward_node(interp: Interpreter, origin: Node) -> Node | None:
     """
     cands = interp.hits_by_key.get(group_key(origin.scope, origin.place)) if origin.place else None
     if cands:
+        # a kink (a max tie among -inf logits) does not make a non-finite value
+        cands = [c for c in cands if _entry_kind(c.hit.entry_id) != "kink"]
+    if cands:
         before = [c for c in cands if c.seq <= origin.seq] or cands
         latest = before[-1]
         # the first hit of the latest run: the primal op precedes its jvp rule's equations
         return next(c for c in before if getattr(c, "run", None) == getattr(latest, "run", None))
-    if origin.hit is not None:
+    if origin.hit is not None and _entry_kind(origin.hit.entry_id) != "kink":
         return origin
     # a few hops back along the inputs (the coefficient of acos is rsqrt(1 - x*x))
     frontier = [s[0] for s in origin.ins if s is not None]
     for _ in range(3):
         nxt = []
         for n in frontier:
-            if n.hit is not None:
+            if n.hit is not None and _entry_kind(n.hit.entry_id) != "kink":
                 return n
             nxt += [s[0] for s in n.ins if s is not None]
         frontier = nxt
     return None
+
+
+def _entry_kind(entry_id: str) -> str:
+    try:
+        return _catalog.get(entry_id).kind
+    except KeyError:
+        return ""
 
 
 def _result_word(node: Node) -> str:
@@ -304,7 +336,8 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
     if "note" in detail:
         pass
     elif fwd is not None and fwd is not origin:
-        detail["note"] = f"its derivative is {result} there"
+        detail["note"] = (f"its derivative is {result} there" if result != "nan"
+                          else "its derivative rule gave nan there")
     else:
         detail["note"] = f"it returned {result}"
     zero_from = met_where = None
@@ -338,6 +371,17 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
         context=ctx, scope=origin.scope.path if origin.scope else "",
         outputs=hits, detail=detail,
     )
+    if origin.prim == "shard_map":
+        f.where = getattr(origin, "body_frame", None) or f.where
+        f.primitive = getattr(origin, "body_prim", "shard_map")
+        f.library = "shard_map"
+        f.explanation = (
+            f"The non-finite value was born inside a shard_map, which gradsan runs as one "
+            f"operation (its per-shard body is not interpreted yet). The line shown is the "
+            f"body's first `{f.primitive}`; run gradsan.jax.explain on the body function with "
+            "one shard's inputs to locate it exactly."
+        )
+        return f
     if entry_id is None and poison is None and origin.status and max(origin.status) == NAN \
             and any(_stat(s) != FINITE for s in origin.ins):
         pd = _poison_details(origin)
@@ -404,14 +448,14 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
         raise
     interp = Interpreter()
     outs, out_srcs = interp.run_closed(closed, flat_args, labels)
-    out_labels = output_labels(out_shape, args, labels)
+    out_labels = output_labels(fun, out_shape, args, labels)
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
     blame = Blame()
     groups: dict[int, tuple[Node, Node | None, list[OutputHit]]] = {}
     order: list[int] = []
-    for val, src, label in zip(outs, out_srcs, out_labels):
+    for val, src, (label, kind) in zip(outs, out_srcs, out_labels):
         if src is None or _stat(src) == FINITE:
             continue
         a = np.asarray(val)
@@ -419,7 +463,7 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
             a = a.astype(np.float32)
         nan = int(np.isnan(a).sum())
         inf = int(np.isinf(a).sum())
-        hit = OutputHit(label, nan + inf, int(a.size), nan, inf)
+        hit = OutputHit(label, nan + inf, int(a.size), nan, inf, kind)
         for origin, poison in blame.origins(src):
             # the same equation in many loop iterations is one finding, at its first iteration
             key = id(origin.eqn) if origin.eqn is not None else id(origin)
@@ -431,9 +475,19 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
             if hit not in groups[key][2]:
                 groups[key][2].append(hit)
     order.sort(key=lambda k: groups[k][0].seq)
+    merged: dict[tuple, Finding] = {}
     for key in order:
         origin, poison, hits = groups[key]
-        report.findings.append(_origin_finding(interp, origin, poison, hits))
+        f = _origin_finding(interp, origin, poison, hits)
+        w = f.where
+        same = (f.kind, f.catalog_id, f.primitive, f.phase,
+                (w.file, w.line, w.column) if w is not None else None, f.detail.get("input"))
+        if same in merged:  # one forward op, several derivative equations (atan2's dx and dy)
+            have = merged[same]
+            have.outputs += [h for h in f.outputs if h not in have.outputs]
+            continue
+        merged[same] = f
+        report.findings.append(f)
     return report
 
 

@@ -452,12 +452,19 @@ def _opaque_rule(interp: Interpreter, eqn, invals, insrcs, scope):
     node = outsrcs[0][0] if outsrcs else None
     body = eqn.params.get("jaxpr")
     if node is not None and body is not None:
+        # the body's first user line, preferring one whose operation is in the catalog
         jaxpr = body.jaxpr if isinstance(body, jcore.ClosedJaxpr) else body
+        first = None
         for e in jaxpr.eqns:
             pl = place(e.source_info)
-            if pl.user is not None:
-                node.body_frame = pl.user  # type: ignore[attr-defined]
+            if pl.user is None:
+                continue
+            first = first or (pl.user, e.primitive.name)
+            if _rules.canonical_op(e.primitive.name) is not None:
+                first = (pl.user, e.primitive.name)
                 break
+        if first is not None:
+            node.body_frame, node.body_prim = first  # type: ignore[attr-defined]
     return outvals, outsrcs
 
 
