@@ -346,12 +346,14 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
         pd = _poison_details(poison)
         form, met_op = pd["form"], poison.prim
         met_where = poison.user_frame
-        detail["met_text"] = pd["text"] + f" in `{poison.prim}`" if pd["text"] else ""
+        phase = "backward " if getattr(poison, "backward", False) else ""
+        detail["met_text"] = f"{pd['text']} in the {phase}`{poison.prim}`" if pd["text"] else ""
         detail["met_value"] = result
         if pd["zero_operand"] is not None:
             zsrc = poison.ins[pd["zero_operand"]]
             if zsrc is not None:
                 zero_from = zsrc[0].user_frame
+                detail["met_text"] = "the zero came from here: " + detail["met_text"]
             else:
                 detail["met_text"] += " (the zero is a constant)"
                 zero_from = poison.user_frame
