@@ -109,3 +109,34 @@ def test_guard_keeps_donated_inputs_alive_for_the_replay():
     with pytest.raises(gradsan.NonFiniteError):
         step(w, jnp.ones((16, 8)))
     assert not w.is_deleted()
+
+
+def test_guard_bit_identical_on_an_adam_attention_step():
+    optax = pytest.importorskip("optax")
+    opt = optax.adam(1e-2)
+    k = jax.random.split(jax.random.PRNGKey(3), 4)
+    params = {"q": jax.random.normal(k[0], (16, 16)), "k": jax.random.normal(k[1], (16, 16)),
+              "v": jax.random.normal(k[2], (16, 16))}
+    x = jax.random.normal(k[3], (4, 8, 16))
+
+    def loss(p, x):
+        q, kk, v = x @ p["q"], x @ p["k"], x @ p["v"]
+        a = jax.nn.softmax(q @ kk.swapaxes(-1, -2) / 4.0, axis=-1)
+        h = a @ v
+        h = (h - h.mean(-1, keepdims=True)) / jnp.sqrt(h.var(-1, keepdims=True) + 1e-5)
+        return jnp.mean(h**2)
+
+    def step(p, s, x):
+        l, g = jax.value_and_grad(loss)(p, x)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s, l
+
+    plain, guarded = jax.jit(step), gsj.guard(jax.jit(step))
+    p1 = p2 = params
+    s1 = s2 = opt.init(params)
+    for _ in range(3):
+        p1, s1, l1 = plain(p1, s1, x)
+        p2, s2, l2 = guarded(p2, s2, x)
+    for a, b in zip(jax.tree_util.tree_leaves((p1, s1, l1)), jax.tree_util.tree_leaves((p2, s2, l2))):
+        np.testing.assert_array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
+                                      np.atleast_1d(np.asarray(b)).view(np.uint8))
