@@ -215,6 +215,11 @@ def test_bad_input_errors():
         gsj.explain(lambda x, mode: x)(1.0, "fast")
     with pytest.raises(gradsan.UsageError, match="float"):
         gsj.explain(jax.grad(lambda x: x * 2))(3)
+    with pytest.raises(gradsan.UsageError, match="scalar"):
+        gsj.explain(jax.grad(lambda x: x * 2))(jnp.ones(3))
+    x = jnp.array([1.0, jnp.nan])
+    gsj.explain(jax.grad(lambda x: jnp.sum(x)))(x)
+    assert np.isnan(np.asarray(x)[1])  # the user's values are untouched
 
 
 def test_flax_module_line():

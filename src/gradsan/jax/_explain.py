@@ -447,6 +447,11 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
                 f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
                 "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
             ) from e
+        if "scalar-output" in msg:
+            raise UsageError(
+                f"gradsan.jax.{who}: {msg.splitlines()[0]} Reduce the loss to a scalar first "
+                "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
+            ) from e
         raise
     interp = Interpreter()
     outs, out_srcs = interp.run_closed(closed, flat_args, labels)
