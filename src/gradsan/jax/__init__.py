@@ -8,5 +8,6 @@
 from . import safe as safe
 from ._explain import explain as explain
 from ._guard import guard as guard
+from ._nansafe import nansafe as nansafe
 
-__all__ = ["explain", "guard", "safe"]
+__all__ = ["explain", "guard", "nansafe", "safe"]
