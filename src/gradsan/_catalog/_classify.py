@@ -595,6 +595,71 @@ def _det(operands, out, params):
     return _hit_at("det-at-singular", singular, np.linalg.det(a))
 
 
+@predicate("cummax", "cummin")
+def _cummax(operands, out, params):
+    """A running maximum (minimum with ``params["_min"]``) along ``axis``; ``reverse`` runs it
+    from the end. The mask has the output's shape: positions whose running extreme is attained
+    by two or more elements so far."""
+    x = operands[0]
+    if x.size == 0 or x.ndim == 0:
+        return None
+    axis = _axes(x, params, default=0)[0]
+    xm = np.moveaxis(x, axis, -1)
+    if params.get("reverse"):
+        xm = xm[..., ::-1]
+    fn = np.minimum if params.get("_min") else np.maximum
+    run = fn.accumulate(xm, axis=-1)
+    count = np.ones(xm.shape, np.int64)  # elements j <= i equal to run[i]
+    for i in range(1, xm.shape[-1]):
+        same = run[..., i] == run[..., i - 1]
+        count[..., i] = np.where(same, count[..., i - 1] + (xm[..., i] == run[..., i]), 1)
+    ties = count > 1
+    if params.get("reverse"):
+        ties, run = ties[..., ::-1], run[..., ::-1]
+    return _hit_at("max-tie", np.moveaxis(ties, -1, axis), np.moveaxis(run, -1, axis))
+
+
+def _windows(x: np.ndarray, params, fill: float) -> np.ndarray:
+    """The windows of lax.reduce_window as an array of shape (*out_shape, window_size)."""
+    dims = tuple(params.get("window_dimensions", ()))
+    strides = tuple(params.get("window_strides", (1,) * x.ndim))
+    pad = tuple(params.get("padding", ((0, 0),) * x.ndim))
+    wdil = tuple(params.get("window_dilation", (1,) * x.ndim))
+    xp = np.pad(x.astype(np.float64), pad, constant_values=fill)
+    eff = tuple((d - 1) * w + 1 for d, w in zip(dims, wdil))
+    view = np.lib.stride_tricks.sliding_window_view(xp, eff)
+    view = view[tuple(slice(None, None, s) for s in strides)]
+    view = view[(Ellipsis,) + tuple(slice(None, None, w) for w in wdil)]
+    return view.reshape(view.shape[: x.ndim] + (-1,))
+
+
+@predicate("reduce_window_max", "reduce_window_min")
+def _reduce_window_max(operands, out, params):
+    """Max (min with ``params["_min"]``) pooling: windows whose extreme is attained by two or
+    more elements. Params as lax.reduce_window_max: window_dimensions, window_strides, padding,
+    window_dilation (base dilation 1). The mask has the output's shape."""
+    x = operands[0]
+    if x.size == 0 or any(b != 1 for b in params.get("base_dilation", ()) or ()):
+        return None
+    use_min = params.get("_min", False)
+    w = _windows(x, params, np.inf if use_min else -np.inf)
+    ext = w.min(axis=-1) if use_min else w.max(axis=-1)
+    ties = np.isfinite(ext) & (np.sum(w == ext[..., None], axis=-1) > 1)
+    return _hit_at("max-tie", ties, ext)
+
+
+@predicate("trunc")
+def _trunc(operands, out, params):
+    """A float -> integer cast (truncation toward 0): jumps at the non-zero integers.
+    ``params["to_bool"]`` (a cast to bool) jumps at 0 instead."""
+    x = operands[0]
+    if not _real(x) or x.dtype.kind not in "f":
+        return None
+    if params.get("to_bool"):
+        return _hit("floor-round-at-jump", x == 0, operands)
+    return _hit("floor-round-at-jump", np.isfinite(x) & (x == np.trunc(x)) & (x != 0), operands)
+
+
 # ---- classify ------------------------------------------------------------------------------
 
 

@@ -1,0 +1,217 @@
+"""Generate docs/conventions.md: what JAX and PyTorch return at each operation's kink, and the
+admissible set (the Clarke subdifferential), measured by running both frameworks (float64, CPU).
+
+    python tools/gen_conventions.py           # rewrite docs/conventions.md
+    python tools/gen_conventions.py --check   # exit 1 if the committed table is out of date
+
+tests/jax/test_conventions_table.py checks that the committed table matches the installed
+versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "docs", "conventions.md")
+
+
+@dataclasses.dataclass
+class Case:
+    name: str  # the operation, as a user writes it
+    point: str
+    jax: Callable[[], Any]  # returns the gradient (numpy-convertible)
+    torch: Callable[[], Any]
+    admissible: str  # the set, in words
+    check: Callable[[np.ndarray], bool] | None  # membership test; None: no admissible value
+
+
+def _in(lo: float, hi: float) -> Callable[[np.ndarray], bool]:
+    return lambda g: bool(np.all(np.isfinite(g)) and np.all((g >= lo - 1e-12) & (g <= hi + 1e-12)))
+
+
+def _hull(support: list[int]) -> Callable[[np.ndarray], bool]:
+    def ok(g: np.ndarray) -> bool:
+        g = np.ravel(g)
+        others = [i for i in range(g.size) if i not in support]
+        return bool(np.all(np.isfinite(g)) and np.all(g[support] >= -1e-12)
+                    and abs(g[support].sum() - 1) <= 1e-9 and np.all(g[others] == 0))
+    return ok
+
+
+def _ball(g: np.ndarray) -> bool:
+    g = np.ravel(g)
+    return bool(np.all(np.isfinite(g)) and np.linalg.norm(g) <= 1 + 1e-12)
+
+
+def _psd_trace1(g: np.ndarray) -> bool:
+    g = np.asarray(g)
+    if not np.all(np.isfinite(g)):
+        return False
+    s = (g + g.T) / 2
+    return bool(abs(np.trace(s) - 1) <= 1e-9 and np.linalg.eigvalsh(s).min() >= -1e-9)
+
+
+def cases() -> list[Case]:
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    def jg(f, *xs):
+        with jax.enable_x64(True):
+            args = [jnp.asarray(x, jnp.float64) for x in xs]
+            g = jax.grad(f, argnums=tuple(range(len(args))))(*args)
+            return np.stack([np.asarray(a) for a in g]) if len(args) > 1 else np.asarray(g[0])
+
+    def tg(f, *xs):
+        ts = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in xs]
+        f(*ts).backward()
+        g = [t.grad if t.grad is not None else torch.zeros_like(t) for t in ts]
+        return np.stack([a.numpy() for a in g]) if len(ts) > 1 else g[0].numpy()
+
+    z = 0.0
+    v110 = [1.0, 1.0, 0.0]
+    v3132 = [3.0, 1.0, 3.0, 2.0]
+    eye2 = [[1.0, 0.0], [0.0, 1.0]]
+    return [
+        Case("abs(x)", "x = 0", lambda: jg(jnp.abs, z), lambda: tg(torch.abs, z),
+             "[-1, 1]", _in(-1, 1)),
+        Case("relu(x)", "x = 0", lambda: jg(jax.nn.relu, z), lambda: tg(torch.relu, z),
+             "[0, 1]", _in(0, 1)),
+        Case("maximum(x, 0)", "x = 0", lambda: jg(lambda x: jnp.maximum(x, 0.0), z),
+             lambda: tg(lambda x: torch.maximum(x, torch.zeros_like(x)), z), "[0, 1]", _in(0, 1)),
+        Case("clip(x, 0, 1)", "x = 0", lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), z),
+             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z), "[0, 1]", _in(0, 1)),
+        Case("clip(x, 0, 1)", "x = 1", lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), 1.0),
+             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), 1.0), "[0, 1]", _in(0, 1)),
+        Case("lax.clamp(0, x, 1) / torch.clamp(x, 0, 1)", "x = 0",
+             lambda: jg(lambda x: jax.lax.clamp(0.0, x, 1.0), z),
+             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z), "[0, 1]", _in(0, 1)),
+        Case("maximum(x, y)", "x = y = 1", lambda: jg(jnp.maximum, 1.0, 1.0),
+             lambda: tg(torch.maximum, 1.0, 1.0), "{(t, 1 - t) : t in [0, 1]}", _hull([0, 1])),
+        Case("minimum(x, y)", "x = y = 1", lambda: jg(jnp.minimum, 1.0, 1.0),
+             lambda: tg(torch.minimum, 1.0, 1.0), "{(t, 1 - t) : t in [0, 1]}", _hull([0, 1])),
+        Case("max(x) (reduction)", "x = [1, 1, 0]", lambda: jg(jnp.max, v110),
+             lambda: tg(torch.amax, v110), "convex combinations of e0, e1", _hull([0, 1])),
+        Case("max(x, dim=0) / x[argmax(x)]", "x = [1, 1, 0]",
+             lambda: jg(lambda x: x[jnp.argmax(x)], v110),
+             lambda: tg(lambda x: torch.max(x, dim=0).values, v110),
+             "convex combinations of e0, e1", _hull([0, 1])),
+        Case("sort(x)[-1]", "x = [3, 1, 3, 2]", lambda: jg(lambda x: jnp.sort(x)[-1], v3132),
+             lambda: tg(lambda x: torch.sort(x).values[-1], v3132),
+             "convex combinations of e0, e2", _hull([0, 2])),
+        Case("top_k(x, 1)", "x = [3, 1, 3, 2]",
+             lambda: jg(lambda x: jax.lax.top_k(x, 1)[0][0], v3132),
+             lambda: tg(lambda x: torch.topk(x, 1).values[0], v3132),
+             "convex combinations of e0, e2", _hull([0, 2])),
+        Case("where(x > 0, x, 0)", "x = 0", lambda: jg(lambda x: jnp.where(x > 0, x, 0.0), z),
+             lambda: tg(lambda x: torch.where(x > 0, x, torch.zeros_like(x)), z), "[0, 1]",
+             _in(0, 1)),
+        Case("norm(x)", "x = [0, 0]", lambda: jg(jnp.linalg.norm, [0.0, 0.0]),
+             lambda: tg(torch.linalg.norm, [0.0, 0.0]), "the unit ball", _ball),
+        Case("hypot(x, y)", "x = y = 0", lambda: jg(jnp.hypot, z, z),
+             lambda: tg(torch.hypot, z, z), "the unit disk", _ball),
+        Case("eigvalsh(A)[-1]", "A = I (2x2)", lambda: jg(lambda a: jnp.linalg.eigvalsh(a)[-1], eye2),
+             lambda: tg(lambda a: torch.linalg.eigvalsh(a)[-1], eye2),
+             "symmetric PSD matrices of trace 1", _psd_trace1),
+        Case("sign(x)", "x = 0", lambda: jg(jnp.sign, z), lambda: tg(torch.sign, z),
+             "none (a jump)", None),
+        Case("floor(x)", "x = 2", lambda: jg(jnp.floor, 2.0), lambda: tg(torch.floor, 2.0),
+             "none (a jump)", None),
+        Case("round(x)", "x = 0.5", lambda: jg(jnp.round, 0.5), lambda: tg(torch.round, 0.5),
+             "none (a jump)", None),
+        Case("atan2(y, x)", "x = y = 0", lambda: jg(jnp.arctan2, z, z),
+             lambda: tg(torch.atan2, z, z), "none (discontinuous)", None),
+        Case("relu(x) - relu(-x)  (= x)", "x = 0",
+             lambda: jg(lambda x: jax.nn.relu(x) - jax.nn.relu(-x), z),
+             lambda: tg(lambda x: torch.relu(x) - torch.relu(-x), z), "{1} (differentiable)",
+             lambda g: bool(np.all(g == 1))),
+    ]
+
+
+def _fmt(g: Any) -> str:
+    a = np.asarray(g, np.float64)
+
+    def one(v: float) -> str:
+        if np.isnan(v):
+            return "nan"
+        if np.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        v = round(float(v), 4) + 0.0
+        return repr(v)
+
+    if a.ndim == 0:
+        return one(a)
+    if a.ndim == 1:
+        return "[" + ", ".join(one(v) for v in a) + "]"
+    return "[" + ", ".join(_fmt(r) for r in a) + "]"
+
+
+def _verdict(check, g) -> str:
+    if check is None:
+        return "no (none exists)"
+    return "yes" if check(np.asarray(g, np.float64)) else "**no**"
+
+
+def render() -> str:
+    import jax
+    import torch
+
+    rows = []
+    for c in cases():
+        gj, gt = c.jax(), c.torch()
+        rows.append(f"| `{c.name}` | {c.point} | {_fmt(gj)} | {_fmt(gt)} | {c.admissible} | "
+                    f"{_verdict(c.check, gj)} | {_verdict(c.check, gt)} |")
+    torch_version = torch.__version__.split("+")[0]
+    lines = [
+        "# Conventions at kinks: JAX vs PyTorch",
+        "",
+        "<!-- generated by tools/gen_conventions.py; do not edit by hand -->",
+        "",
+        f"Measured with JAX {jax.__version__} and PyTorch {torch_version} on CPU, float64. "
+        "Each row is the gradient the framework returns at a point where the operation is not "
+        "differentiable, next to the admissible set (the Clarke subdifferential; *none* where "
+        "the function jumps, so that no value is right). `gradsan.jax.sanitize` and "
+        "`gradsan.torch.sanitize` report each of these evaluations, with the value and whether "
+        "it is admissible; `gradsan.jax.subgradient` returns the limit gradient along a random "
+        "direction instead.",
+        "",
+        "| operation | point | JAX | PyTorch | admissible set | JAX admissible | PyTorch admissible |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare with the committed table")
+    ns = ap.parse_args(argv)
+    text = render()
+    if ns.check:
+        try:
+            with open(OUT) as fh:
+                old = fh.read()
+        except FileNotFoundError:
+            old = ""
+        if old != text:
+            print(f"{OUT} is out of date: run python tools/gen_conventions.py", file=sys.stderr)
+            return 1
+        return 0
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w") as fh:
+        fh.write(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
