@@ -1,8 +1,19 @@
-"""`gradsan demo`: diagnose each case of the gallery, then one summary line per case."""
+"""`gradsan demo`: diagnose each case of the gallery, show the fix and nansafe's gradient next
+to the true one, then one summary line per case."""
 
 from __future__ import annotations
 
 import sys
+
+
+def _fmt(tree) -> str:
+    import jax
+    import numpy as np
+
+    leaves = jax.tree_util.tree_leaves(tree)
+    parts = [np.array2string(np.asarray(x, dtype=np.float64).round(5), separator=", ",
+                             max_line_width=200) for x in leaves]
+    return "; ".join(p.replace("\n", "") for p in parts)
 
 
 def main(selected: list[str] | None = None) -> int:
@@ -12,7 +23,7 @@ def main(selected: list[str] | None = None) -> int:
         print("gradsan demo needs JAX: pip install 'gradsan[jax]'", file=sys.stderr)
         return 2
     from . import demo_cases
-    from .jax import explain
+    from .jax import explain, nansafe
 
     names = selected or list(demo_cases.CASES)
     unknown = [n for n in names if n not in demo_cases.CASES]
@@ -23,11 +34,24 @@ def main(selected: list[str] | None = None) -> int:
     summary = []
     for name in names:
         make = demo_cases.CASES[name]
-        fun, args = make()
+        case = make()
         bar = "=" * 100
         print(f"{bar}\n{name}: {make.__doc__.strip()}\n{bar}")
-        report = explain(fun)(*args)
+        report = explain(case.grad)(*case.args)
         print(report)
+        print()
+        fixed = case.fixed(*case.args)
+        ns, ns_report = nansafe(case.grad, report=True)(*case.args)
+        resolved = len(ns_report.by_kind("resolved"))
+        unresolved = len(ns_report.by_kind("unresolved"))
+        print(f"  plain gradient      {_fmt(report.outputs)}")
+        print(f"  with the fix        {_fmt(fixed)}")
+        ns_note = (f"  ({resolved} structural zero(s) repaired, proven)" if resolved and not unresolved
+                   else f"  (left non-finite: {unresolved} numerical 0 * inf; needs the limit engine)"
+                   if unresolved else "")
+        print(f"  gradsan.jax.nansafe {_fmt(ns)}{ns_note}")
+        truth = case.truth
+        print(f"  true gradient       {truth if isinstance(truth, str) else _fmt(truth(*case.args))}")
         print()
         if report.findings:
             f = report.findings[0]

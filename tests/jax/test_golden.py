@@ -19,7 +19,8 @@ def _normalize(text: str) -> str:
 
 @pytest.mark.parametrize("case", sorted(demo_cases.CASES))
 def test_golden_report(case):
-    fun, args = demo_cases.CASES[case]()
+    c = demo_cases.CASES[case]()
+    fun, args = c.grad, c.args
     text = _normalize(str(gsj.explain(fun)(*args))) + "\n"
     path = GOLDEN / f"{case}.txt"
     if os.environ.get("GRADSAN_UPDATE_GOLDEN") == "1" or not path.exists():

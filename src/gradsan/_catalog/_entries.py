@@ -101,13 +101,13 @@ RSQRT_AT_ZERO = Singularity(
     fixes=(
         Fix(
             "Add the epsilon inside the root, as layer norms do:",
-            "y = jax.lax.rsqrt(v + 1e-6)",
-            "y = torch.rsqrt(v + 1e-6)",
+            "y = jax.lax.rsqrt(x + 1e-6)",
+            "y = torch.rsqrt(x + 1e-6)",
         ),
         Fix(
             "Use gradsan's safe rsqrt where a 0 is legitimate and masked later:",
-            "y = gradsan.jax.safe.rsqrt(v)",
-            "y = gradsan.torch.safe.rsqrt(v)",
+            "y = gradsan.jax.safe.rsqrt(x)",
+            "y = gradsan.torch.safe.rsqrt(x)",
         ),
     ),
     safe="rsqrt",
@@ -626,13 +626,13 @@ ACOS_AT_ONE = Singularity(
     fixes=(
         Fix(
             "Clip the cosine strictly inside (-1, 1):",
-            "theta = jnp.arccos(jnp.clip(c, -1.0 + 1e-6, 1.0 - 1e-6))",
-            "theta = torch.acos(torch.clamp(c, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "theta = jnp.arccos(jnp.clip(x, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "theta = torch.acos(torch.clamp(x, -1.0 + 1e-6, 1.0 - 1e-6))",
         ),
         Fix(
             "Use gradsan's safe arccos (finite derivative at +-1):",
-            "theta = gradsan.jax.safe.arccos(c)",
-            "theta = gradsan.torch.safe.arccos(c)",
+            "theta = gradsan.jax.safe.arccos(x)",
+            "theta = gradsan.torch.safe.arccos(x)",
         ),
     ),
     safe="arccos",
@@ -657,13 +657,13 @@ ASIN_AT_ONE = Singularity(
     fixes=(
         Fix(
             "Clip the argument strictly inside (-1, 1):",
-            "a = jnp.arcsin(jnp.clip(s, -1.0 + 1e-6, 1.0 - 1e-6))",
-            "a = torch.asin(torch.clamp(s, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "a = jnp.arcsin(jnp.clip(x, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "a = torch.asin(torch.clamp(x, -1.0 + 1e-6, 1.0 - 1e-6))",
         ),
         Fix(
             "Use gradsan's safe arcsin (finite derivative at +-1):",
-            "a = gradsan.jax.safe.arcsin(s)",
-            "a = gradsan.torch.safe.arcsin(s)",
+            "a = gradsan.jax.safe.arcsin(x)",
+            "a = gradsan.torch.safe.arcsin(x)",
         ),
     ),
     safe="arcsin",
@@ -689,13 +689,13 @@ ATANH_AT_ONE = Singularity(
     fixes=(
         Fix(
             "Clip the argument strictly inside (-1, 1):",
-            "u = jnp.arctanh(jnp.clip(a, -1.0 + 1e-6, 1.0 - 1e-6))",
-            "u = torch.atanh(torch.clamp(a, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "u = jnp.arctanh(jnp.clip(x, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "u = torch.atanh(torch.clamp(x, -1.0 + 1e-6, 1.0 - 1e-6))",
         ),
         Fix(
             "Use gradsan's safe arctanh where a +-1 is legitimate and masked later:",
-            "u = gradsan.jax.safe.arctanh(a)",
-            "u = gradsan.torch.safe.arctanh(a)",
+            "u = gradsan.jax.safe.arctanh(x)",
+            "u = gradsan.torch.safe.arctanh(x)",
         ),
     ),
     safe="arctanh",
@@ -720,8 +720,8 @@ ACOSH_AT_ONE = Singularity(
     fixes=(
         Fix(
             "Keep the argument strictly above 1:",
-            "d = jnp.arccosh(jnp.maximum(z, 1.0 + 1e-6))",
-            "d = torch.acosh(torch.clamp(z, min=1.0 + 1e-6))",
+            "d = jnp.arccosh(jnp.maximum(x, 1.0 + 1e-6))",
+            "d = torch.acosh(torch.clamp(x, min=1.0 + 1e-6))",
         ),
         Fix(
             "Write acosh(1 + t) as log1p(t + sqrt(t (t + 2))) and use gradsan's safe sqrt:",
@@ -952,8 +952,8 @@ ERF_INV_AT_ONE = Singularity(
     fixes=(
         Fix(
             "Clip the argument strictly inside (-1, 1):",
-            "z = jax.lax.erf_inv(jnp.clip(v, -1.0 + 1e-6, 1.0 - 1e-6))",
-            "z = torch.erfinv(torch.clamp(v, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "z = jax.lax.erf_inv(jnp.clip(x, -1.0 + 1e-6, 1.0 - 1e-6))",
+            "z = torch.erfinv(torch.clamp(x, -1.0 + 1e-6, 1.0 - 1e-6))",
         ),
     ),
 )

@@ -73,7 +73,8 @@ def adapt_fix(code: str, where: Frame | None) -> str:
     operands, target = _call_parts(where)
     if not operands:
         return code
-    names = ["x", "y"][: len(operands)]
+    second = "p" if re.search(r"\bp\b", code) and not re.search(r"\by\b", code) else "y"
+    names = ["x", second][: len(operands)]
     if len(operands) == 1 and re.search(r"\by\b", code) and not re.search(r"\bx\b", code):
         return code
     lines = code.splitlines()

@@ -41,6 +41,7 @@ __all__ = [
     "hypot",
     "layer_norm",
     "log",
+    "log1p",
     "log_softmax",
     "logsumexp",
     "maximum",
@@ -218,6 +219,33 @@ log = _unary(
         >>> from gradsan.jax import safe
         >>> f = lambda x: jnp.where(x > 0, safe.log(x), 0.0)
         >>> print(jax.grad(f)(0.0))
+        0.0
+    """,
+)
+
+
+def _log1p_coef(x, y):
+    ok = x > -1
+    return jnp.where(ok, 1.0 / _mask(ok, 1.0 + x), 0)
+
+
+log1p = _unary(
+    jnp.log1p,
+    _log1p_coef,
+    "log1p",
+    """``log(1 + x)``, with derivative 0 where ``x <= -1``.
+
+    ``log1p(x) = jnp.log1p(x)``, bit for bit: ``-inf`` at -1 and NaN below. The derivative is
+    ``1 / (1 + x)`` for ``x > -1``; except under differentiation, we take **0 for x <= -1**,
+    for a -1 that is legitimate and masked out later (the same choice as ``safe.log``).
+
+    Why the naive version gives NaN: a zero gradient routed to the masked ``log1p(-1)`` meets
+    its derivative ``1 / 0 = inf``, and ``0 * inf = NaN``.
+
+    Example:
+        >>> import jax
+        >>> from gradsan.jax import safe
+        >>> print(jax.grad(lambda x: 0.0 * safe.log1p(x))(-1.0))
         0.0
     """,
 )
