@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="a gallery of classic NaN-gradient cases, diagnosed")
     p.add_argument("cases", nargs="*", help="run only these cases (by name)")
     p.set_defaults(fn=_demo)
+    from ._run import add_run_parser
+
+    add_run_parser(sub)
     args = parser.parse_args(argv)
     return args.fn(args)
 

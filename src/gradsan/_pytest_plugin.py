@@ -1,1 +1,158 @@
-"""pytest plugin (entry point pytest11). Loading it imports no backend."""
+"""pytest plugin (entry point pytest11). Loading it imports no backend.
+
+``pytest --gradsan`` fails every test whose JAX ``jit``/``grad``/``value_and_grad`` outputs or
+PyTorch ``.backward()`` gradients go NaN/Inf, with gradsan's report as a ``gradsan`` section of
+the failure. The patches are installed lazily (an import hook), so jax and torch are imported
+only if the tests import them. ``@pytest.mark.gradsan_allow_nonfinite`` exempts a test.
+
+The ``gradsan_check`` fixture works without ``--gradsan``::
+
+    def test_step(gradsan_check):
+        grads = gradsan_check(jax.grad(loss))(params)   # raises gradsan.NonFiniteError
+        with gradsan_check():                            # or: check everything in a block
+            loss_fn(model(x)).backward()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+_HOOKS_KEY = "_gradsan_hooks"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gradsan", "gradsan: gradient sanitizer")
+    group.addoption(
+        "--gradsan", action="store_true", default=False,
+        help="fail tests whose JAX/PyTorch gradients go NaN or Inf, with gradsan's report",
+    )
+    group.addoption(
+        "--gradsan-trace", action="store_true", default=False,
+        help="PyTorch: trace every backward so the report names the origin (slower)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "gradsan_allow_nonfinite: gradsan does not check this test (--gradsan)"
+    )
+    if not config.getoption("gradsan", False):
+        return
+    from ._run import Hooks
+
+    hooks = Hooks(_raise, trace_from=1 if config.getoption("gradsan_trace", False) else None)
+    hooks.enabled = False  # on only while a test runs
+    setattr(config, _HOOKS_KEY, hooks.install())  # before collection: module-level @jax.jit
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    hooks = getattr(config, _HOOKS_KEY, None)
+    if hooks is not None:
+        hooks.uninstall()
+
+
+def _raise(failure: Any) -> None:
+    __tracebackhide__ = True
+    from ._errors import NonFiniteError
+
+    err = NonFiniteError(failure.report)
+    err.gradsan_header = failure.header  # type: ignore[attr-defined]
+    raise err
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    hooks = getattr(item.config, _HOOKS_KEY, None)
+    if hooks is None or item.get_closest_marker("gradsan_allow_nonfinite") is not None:
+        yield
+        return
+    hooks.enabled = True
+    hooks.torch_calls = 0
+    hooks._begin_session(1)
+    try:
+        yield
+    finally:
+        hooks.enabled = False
+        hooks._end_session()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if call.excinfo is None or report.passed:
+        return
+    from ._errors import NonFiniteError
+
+    err = call.excinfo.value
+    if isinstance(err, NonFiniteError):
+        head = getattr(err, "gradsan_header", "")
+        report.sections.append(("gradsan", (f"gradsan: {head}\n" if head else "") + str(err)))
+
+
+class _Check:
+    """``gradsan_check(fn)(*args)`` or ``with gradsan_check(): ...``."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def __call__(self, fn: Any = None, **kwargs: Any) -> Any:
+        if fn is None:
+            return self._block()
+        return _guard_any(fn, **kwargs)
+
+    @contextlib.contextmanager
+    def _block(self) -> Any:
+        __tracebackhide__ = True
+        from ._run import Hooks
+
+        shared = getattr(self.config, _HOOKS_KEY, None)
+        was = shared.enabled if shared is not None else False
+        if shared is not None:
+            shared.enabled = False  # this block's hooks do the checking
+        hooks = Hooks(_raise).install()
+        try:
+            yield
+        finally:
+            hooks.uninstall()
+            if shared is not None:
+                shared.enabled = was
+
+
+def _guard_any(fn: Any, **kwargs: Any) -> Any:
+    """gradsan.jax.guard or gradsan.torch.guard, whichever backend ``fn``'s arguments use."""
+    import functools
+    import sys
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kw: Any) -> Any:
+        __tracebackhide__ = True
+        if "torch" in sys.modules and _uses_torch(fn, args, kw):
+            import gradsan.torch as gst
+
+            return gst.guard(fn, **kwargs)(*args, **kw)
+        import gradsan.jax as gsj
+
+        return gsj.guard(fn, **kwargs)(*args, **kw)
+
+    return checked
+
+
+def _uses_torch(fn: Any, args: tuple, kwargs: dict) -> bool:
+    import torch
+
+    vals = list(args) + list(kwargs.values())
+    if any(isinstance(v, (torch.Tensor, torch.nn.Module)) for v in vals):
+        return True
+    return "jax" not in __import__("sys").modules
+
+
+@pytest.fixture
+def gradsan_check(request: pytest.FixtureRequest) -> _Check:
+    """Check a function or a block for NaN/Inf gradients; raises gradsan.NonFiniteError with
+    the report. ``gradsan_check(fn)(*args)`` guards one call (JAX or PyTorch, picked from the
+    arguments); ``with gradsan_check(): ...`` checks every jit/grad call and backward inside."""
+    return _Check(request.config)
