@@ -2,11 +2,14 @@
 
 For each function: ``jit(grad(sum(f)))`` (JAX) and ``f(x).sum().backward()`` (PyTorch) on
 1e6 float32 elements, timed in paired, alternating runs; prints the median of the per-pair
-ratios safe / naive (target: at most 1.2x). Run: ``python benchmarks/bench_safe.py [reps]``.
+ratios safe / naive (target: at most 1.2x); for PyTorch (2 threads) the order alternates per
+pair and the ratios' interquartile range is shown.
+Run: ``python benchmarks/bench_safe.py [reps] [jax,torch]``.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -83,17 +86,36 @@ def _pair_ratio(run_safe, run_naive, reps):
     return statistics.median(ts_), statistics.median(tn_), statistics.median(ratios)
 
 
-def main(reps: int = 9) -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+def _pair_ratio_alternating(run_safe, run_naive, reps):
+    """As _pair_ratio, the order alternating per pair; also the ratios' interquartile range."""
+    ratios, ts_, tn_ = [], [], []
+    for i in range(reps):
+        order = [(run_safe, ts_), (run_naive, tn_)]
+        for run, acc in order if i % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            run()
+            acc.append(time.perf_counter() - t0)
+        ratios.append(ts_[-1] / tn_[-1])
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return statistics.median(ts_), statistics.median(tn_), statistics.median(ratios), q1, q3
+
+
+def main(reps: int = 9, backends: str = "jax,torch") -> None:
+    torch.set_num_threads(2)
     print(f"{'function':24s} {'jax safe ms':>11s} {'naive ms':>9s} {'ratio':>6s}   "
-          f"{'torch safe ms':>13s} {'naive ms':>9s} {'ratio':>6s}")
+          f"{'torch safe ms':>13s} {'naive ms':>9s} {'ratio':>6s} {'(IQR)':>11s}")
     for name, (jsafe_f, jnaive_f, tsafe_f, tnaive_f, x) in CASES.items():
-        xj = jnp.asarray(x)
-        gs = jax.jit(jax.grad(lambda a, f=jsafe_f: jnp.sum(f(a))))
-        gn = jax.jit(jax.grad(lambda a, f=jnaive_f: jnp.sum(f(a))))
-        gs(xj).block_until_ready()
-        gn(xj).block_until_ready()
-        j = _pair_ratio(lambda: gs(xj).block_until_ready(), lambda: gn(xj).block_until_ready(), reps)
+        j = (math.nan,) * 3
+        if "jax" in backends:
+            xj = jnp.asarray(x)
+            gs = jax.jit(jax.grad(lambda a, f=jsafe_f: jnp.sum(f(a))))
+            gn = jax.jit(jax.grad(lambda a, f=jnaive_f: jnp.sum(f(a))))
+            gs(xj).block_until_ready()
+            gn(xj).block_until_ready()
+            j = _pair_ratio(lambda: gs(xj).block_until_ready(), lambda: gn(xj).block_until_ready(), reps)
+        if "torch" not in backends:
+            print(f"{name:24s} {j[0] * 1e3:11.2f} {j[1] * 1e3:9.2f} {j[2]:6.2f}", flush=True)
+            continue
 
         def torch_step(f):
             xt = torch.from_numpy(x).requires_grad_(True)
@@ -101,10 +123,10 @@ def main(reps: int = 9) -> None:
 
         torch_step(tsafe_f)
         torch_step(tnaive_f)
-        t = _pair_ratio(lambda: torch_step(tsafe_f), lambda: torch_step(tnaive_f), reps)
+        t = _pair_ratio_alternating(lambda: torch_step(tsafe_f), lambda: torch_step(tnaive_f), reps)
         print(f"{name:24s} {j[0] * 1e3:11.2f} {j[1] * 1e3:9.2f} {j[2]:6.2f}   "
-              f"{t[0] * 1e3:13.2f} {t[1] * 1e3:9.2f} {t[2]:6.2f}", flush=True)
+              f"{t[0] * 1e3:13.2f} {t[1] * 1e3:9.2f} {t[2]:6.2f} ({t[3]:.2f}-{t[4]:.2f})", flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 9)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 9, sys.argv[2] if len(sys.argv) > 2 else "jax,torch")

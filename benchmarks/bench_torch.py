@@ -3,7 +3,9 @@ torch.autograd.detect_anomaly(check_nan=True), and time to the first report on a
 
     python benchmarks/bench_torch.py [--quick]
 
-Ratios are medians of paired, alternating runs in one process (torch.set_num_threads(2)).
+Ratios are medians (with their interquartile range) of paired runs in one process, the order
+alternating from one repetition to the next (torch.set_num_threads(2); --threads N to change).
+The time to the first report is the median over repetitions; the first (cold) call is shown too.
 """
 
 from __future__ import annotations
@@ -54,17 +56,26 @@ def paired(fns: dict[str, object], reps: int, warmup: int = 3) -> dict[str, floa
         for _ in range(warmup):
             f()  # type: ignore[operator]
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
+    items = list(fns.items())
+    for i in range(reps):
+        for k, f in items if i % 2 == 0 else items[::-1]:  # alternate the order
             t = time.perf_counter()
             f()  # type: ignore[operator]
             times[k].append(time.perf_counter() - t)
     base = times["plain"]
-    out = {"plain_ms": statistics.median(base) * 1e3}
+    out: dict[str, float] = {"plain_ms": statistics.median(base) * 1e3}
     for k, ts in times.items():
         if k != "plain":
-            out[k] = statistics.median([a / b for a, b in zip(ts, base)])
+            ratios = [a / b for a, b in zip(ts, base)]
+            q1, _, q3 = statistics.quantiles(ratios, n=4)
+            out[k] = statistics.median(ratios)
+            out[k + "_iqr"] = (q1, q3)  # type: ignore[assignment]
     return out
+
+
+def _iqr(res: dict, k: str) -> str:
+    q1, q3 = res[k + "_iqr"]
+    return f"{res[k]:.3f}x (IQR {q1:.3f}-{q3:.3f})"
 
 
 def anomaly(step):
@@ -80,8 +91,8 @@ def anomaly(step):
 def overhead(name: str, model: torch.nn.Module, x: torch.Tensor, reps: int) -> None:
     step = make_step(model, x)
     res = paired({"plain": step, "guard": gst.guard(step), "anomaly": anomaly(step)}, reps)
-    print(f"{name:28s} plain {res['plain_ms']:7.2f} ms   guard {res['guard']:.3f}x   "
-          f"detect_anomaly {res['anomaly']:.3f}x")
+    print(f"{name:28s} plain {res['plain_ms']:7.2f} ms   guard {_iqr(res, 'guard')}   "
+          f"detect_anomaly {_iqr(res, 'anomaly')}")
 
 
 class Deep(torch.nn.Module):
@@ -130,7 +141,8 @@ def time_to_report(reps: int) -> None:
         a_times.append(time.perf_counter() - t)
     g, a = statistics.median(g_times), statistics.median(a_times)
     print(f"200-layer MLP, sqrt(0) at layer 150: guard -> report {g * 1e3:.0f} ms, "
-          f"detect_anomaly -> error {a * 1e3:.0f} ms ({g / a:.2f}x)")
+          f"detect_anomaly -> error {a * 1e3:.0f} ms ({g / a:.2f}x; first call "
+          f"{g_times[0] * 1e3:.0f} ms vs {a_times[0] * 1e3:.0f} ms)")
     print(f"  gradsan:        {msg_g[:160]}")
     print(f"  detect_anomaly: {msg_a[:160]}")
 
@@ -138,8 +150,9 @@ def time_to_report(reps: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
     ns = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(ns.threads)
     reps = 10 if ns.quick else 40
     torch.manual_seed(0)
     overhead("MLP 4x512, batch 256", mlp(), torch.randn(256, 512), reps)

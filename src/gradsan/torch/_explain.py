@@ -132,13 +132,15 @@ def _nonfinite_stats(t: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
 
 
 def output_hit(path: str, t: torch.Tensor) -> OutputHit:
-    return OutputHit(
-        path=path,
-        count=int((~torch.isfinite(t)).sum()),
-        size=t.numel(),
-        nan=int(torch.isnan(t).sum()),
-        inf=int(torch.isinf(t).sum()),
-    )
+    if t.is_complex():
+        count = int((~torch.isfinite(t)).sum())
+        nan = int(torch.isnan(t).sum())
+        inf = int(torch.isinf(t).sum())
+    else:  # a real element is NaN, +-inf or finite: count = nan + inf
+        nan = int(torch.isnan(t).sum())
+        inf = int(torch.isinf(t).sum())
+        count = nan + inf
+    return OutputHit(path=path, count=count, size=t.numel(), nan=nan, inf=inf)
 
 
 def _scope(tag: Tag | None, paths: dict[int, str]) -> str:
@@ -265,9 +267,11 @@ def build_report(
                     "outputs": [],
                     "result": result,
                     "phase": phase,
+                    "paths": set(),
                 }
                 order.append(k)
-            if all(o.path != hit.path for o in g["outputs"]):
+            if hit.path not in g["paths"]:
+                g["paths"].add(hit.path)
                 g["outputs"].append(hit)
             if result == "nan":
                 g["result"] = "nan"
@@ -305,9 +309,9 @@ def build_report(
             if _root_key(root) in value_roots:  # the same origin already explains the loss
                 for k in order:
                     if k == (_root_key(root), "value"):
-                        outs = groups[k]["outputs"]
-                        if all(o.path != hit.path for o in outs):
-                            outs.append(hit)
+                        if hit.path not in groups[k]["paths"]:
+                            groups[k]["paths"].add(hit.path)
+                            groups[k]["outputs"].append(hit)
                 break
         else:
             add(start, "gradient", hit, _result(g))

@@ -3,13 +3,16 @@ eagerly under the tracer and raise NonFiniteError with the explanation."""
 
 from __future__ import annotations
 
+import cmath
 import contextlib
 import functools
+import math
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
@@ -26,22 +29,42 @@ def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _finite(grads: list[torch.Tensor], extra: list[torch.Tensor] = ()) -> bool:  # type: ignore[assignment]
-    """The fast path: one fused reduction over all gradients (and the loss)."""
-    parts: list[torch.Tensor] = []
+    """The fast path: one fused reduction over all gradients (and the loss), one sync per
+    device and dtype."""
+    ok = True
     if grads:
-        by_dev: dict[Any, list[torch.Tensor]] = {}
-        for g in grads:
-            by_dev.setdefault((g.device, g.dtype), []).append(g)
-        for gs in by_dev.values():
-            parts.extend(torch._foreach_norm(gs))
-    parts.extend(e.detach().float().reshape(-1).sum().reshape(()) for e in extra)
-    if not parts:
-        return True
-    total = torch.stack([p.float().to(parts[0].device) for p in parts]).sum()
-    if bool(torch.isfinite(total)):
+        g0 = grads[0]
+        dev, dt = g0.device, g0.dtype
+        if all(g.device == dev and g.dtype == dt for g in grads):
+            groups: Any = (grads,)
+        else:
+            by_dev: dict[Any, list[torch.Tensor]] = {}
+            for g in grads:
+                by_dev.setdefault((g.device, g.dtype), []).append(g)
+            groups = by_dev.values()
+        for gs in groups:
+            norms = torch._foreach_norm(gs)
+            total = norms[0] if len(norms) == 1 else torch.stack(norms).sum()
+            if not _finite_number(total.item()):
+                ok = False
+                break
+    if ok:
+        for e in extra:
+            if e.numel() == 1:
+                if not _finite_number(e.item()):
+                    ok = False
+                    break
+            elif not all_finite(e.detach()):
+                ok = False
+                break
+    if ok:
         return True
     # the norms can overflow on large finite values: confirm exactly before replaying
-    return all(all_finite(g) for g in grads) and all(all_finite(e) for e in extra)
+    return all(all_finite(g) for g in grads) and all(all_finite(e.detach()) for e in extra)
+
+
+def _finite_number(v: Any) -> bool:
+    return cmath.isfinite(v) if isinstance(v, complex) else math.isfinite(v)
 
 
 def _opt_params(opt: Any) -> list[torch.Tensor]:
@@ -102,8 +125,6 @@ class _StepCheck:
         self.handle: Any = None
 
     def __enter__(self) -> _StepCheck:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
         self.handle = register_optimizer_step_pre_hook(self._hook)
         return self
 

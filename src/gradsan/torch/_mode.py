@@ -9,6 +9,7 @@ Only non-finite tensors are kept alive. Tensors are keyed by identity
 from __future__ import annotations
 
 import dataclasses
+import math
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +28,8 @@ _OVERWRITE = {"copy_", "fill_", "zero_", "resize_", "set_", "normal_", "uniform_
 
 
 def key(t: torch.Tensor) -> Key:
-    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+    """The identity of a tensor's values: survives ``detach`` and re-wrapping."""
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
 
 
 def is_float(t: torch.Tensor) -> bool:
@@ -45,13 +47,37 @@ def tensors_in(x: Any, depth: int = 0) -> Iterator[torch.Tensor]:
             yield from tensors_in(v, depth + 1)
 
 
+def nonfinite(t: torch.Tensor) -> bool | None:
+    """None if every element of ``t`` is finite; else whether ``t`` holds a NaN.
+
+    One reduction is the fast path: a finite sum proves every element finite (an Inf or a NaN
+    anywhere makes the sum non-finite). Only when the sum is not finite (a NaN/Inf, or a sum
+    that overflowed) does the exact check run: a sum of +-inf rules out NaNs, a NaN sum asks
+    ``isnan`` first.
+    """
+    if t.is_complex():
+        if t.numel() == 0 or bool(torch.isfinite(t.sum())):
+            return None
+        if bool(torch.isnan(t).any()):
+            return True
+        return False if bool(torch.isinf(t).any()) else None
+    if not t.is_floating_point() or t.numel() == 0:
+        return None
+    s = t.sum().item()
+    if math.isfinite(s):
+        return None
+    if s == s and not bool(torch.isinf(t).any()):  # +-inf sum: no NaN; overflow if no inf
+        return None
+    if s != s:
+        if bool(torch.isnan(t).any()):
+            return True
+        if not bool(torch.isinf(t).any()):  # the sum overflowed to inf - inf
+            return None
+    return False
+
+
 def all_finite(t: torch.Tensor) -> bool:
-    if not is_float(t) or t.numel() == 0:
-        return True
-    # one reduction as the fast path; the exact check only when it fails (overflow of the sum)
-    if bool(torch.isfinite(t.sum())):
-        return True
-    return bool(torch.isfinite(t).all())
+    return nonfinite(t) is None
 
 
 @dataclasses.dataclass(eq=False)
@@ -86,6 +112,7 @@ class Event:
     out: torch.Tensor
     inputs: list  # [(tensor, producer)] for the non-finite inputs; producer: Event | External
     nan_new: bool = False  # produced a NaN although no input held a NaN
+    nan: bool = True  # ``out`` holds a NaN (else only +-inf)
     form: str | None = None
     zero_from: Frame | None = None
     index: tuple | None = None
@@ -122,8 +149,10 @@ class Tracer:
         probe = torch.zeros(1, requires_grad=True) * 1.0
         self.seq0 = probe.grad_fn._sequence_nr() if probe.grad_fn is not None else 0
         self._fmode = _FunctionMode(self)
-        self._dmode = _DispatchMode(self)
+        self._dmode_on = False
         self._hooks: list[Any] = []
+        self._blame_memo: dict[int, dict[int, tuple[Any, Any]]] = {}
+        self._blame_stamp: tuple[int, int] = (-1, -1)
 
     # -- lifetime -----------------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -134,19 +163,29 @@ class Tracer:
             mm.register_module_forward_hook(self._post_module),
         ]
         self._fmode.__enter__()
-        self._dmode.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            self._dmode.__exit__(*exc)
+            self._fmode.__exit__(*exc)
         finally:
-            try:
-                self._fmode.__exit__(*exc)
-            finally:
-                for h in self._hooks:
-                    h.remove()
-                self._hooks = []
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+
+    def run_backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run a ``backward``/``autograd.grad`` call under the dispatch mode. The mode is on
+        only here: the forward pass has no autograd Node to attribute ops to, and a dispatch
+        mode would cost a Python call per forward op."""
+        self.on_backward_call(args[0] if args else kwargs.get("tensors"))
+        if self._dmode_on:
+            return func(*args, **kwargs)
+        self._dmode_on = True
+        try:
+            with dispatch_mode(self):  # chosen now: torch._dynamo may have been imported
+                return func(*args, **kwargs)
+        finally:
+            self._dmode_on = False
 
     # -- modules --------------------------------------------------------------------------------
     def _pre_module(self, module: Any, args: Any) -> None:
@@ -192,10 +231,13 @@ class Tracer:
         if name in _rules.COMPARISONS or name in _rules.BOOL_COMBINE:
             self._record_bool(name, args, outs)
         for t in outs:
-            if is_float(t) and not all_finite(t):
+            if not is_float(t):
+                continue
+            nan = nonfinite(t)
+            if nan is not None:
                 if tag is None:
                     tag = self._make_tag(func, name, op, args, kwargs)
-                self._forward_event(name, tag, t, args, kwargs)
+                self._forward_event(name, tag, t, nan, args, kwargs)
 
     def _make_tag(self, func: Any, name: str, op: str | None, args: tuple, kwargs: dict) -> Tag:
         operands: tuple = ()
@@ -231,14 +273,21 @@ class Tracer:
             md["gradsan"] = Tag(nm, op, outer.frame, lib, tuple(operands), params, outer.module)
             stack.extend(m for m, _ in n.next_functions if m is not None)
 
-    def _forward_event(self, name: str, tag: Tag, t: torch.Tensor, args: tuple, kwargs: dict):
+    def _forward_event(
+        self, name: str, tag: Tag, t: torch.Tensor, nan: bool, args: tuple, kwargs: dict
+    ) -> None:
         inputs = []
+        nan_in = False
         for a in list(tensors_in(args)) + list(tensors_in(kwargs)):
-            if is_float(a) and not all_finite(a):
+            if not is_float(a):
+                continue
+            a_nan = nonfinite(a)
+            if a_nan is not None:
                 inputs.append((a, self.fwd.get(key(a)) or External(a)))
-        ev = Event("forward", name, tag, None, t, inputs)
-        if not any(torch.isnan(a).any() for a, _ in inputs):
-            ev.nan_new = bool(torch.isnan(t).any())
+                nan_in = nan_in or a_nan
+        ev = Event("forward", name, tag, None, t, inputs, nan=nan)
+        if not nan_in:
+            ev.nan_new = nan
         self.fwd[key(t)] = ev
 
     def _record_bool(self, name: str, args: tuple, outs: list) -> None:
@@ -282,34 +331,56 @@ class Tracer:
     def on_aten(
         self, func: Any, node: Any, args: tuple, kwargs: dict, out: Any, dest: Any = _NO_DEST
     ) -> None:
-        """``dest``: for an in-place op, the destination's (key, producer) before the op, or
-        None when the op overwrites it without reading it (copy_, fill_)."""
-        outs = [t for t in tensors_in(out) if is_float(t)]
+        """``dest``: for an in-place op, the destination's (clone, producer, has NaN) before the
+        op, or None when the op overwrites it without reading it (copy_, fill_)."""
+        if type(out) is torch.Tensor or isinstance(out, torch.Tensor):
+            if not is_float(out):
+                return
+            outs: Any = (out,)
+        else:
+            outs = [t for t in tensors_in(out) if is_float(t)]
+        events = self.events
+        owner = self.owner
         for o in outs:
-            k = key(o)
-            self.owner[k] = node
-            if all_finite(o):
+            k = (o.data_ptr(), o.shape, o.stride(), o.dtype, o.device)
+            owner[k] = node
+            nan = nonfinite(o)
+            if nan is None:
+                if events:
+                    events.pop(k, None)  # an in-place op may have made it finite
                 continue
             inputs = []
             has_nan_in = False
-            srcs = list(tensors_in(args)) + list(tensors_in({k: v for k, v in kwargs.items()
-                                                             if k != "out"}))
+            srcs = [a for a in args if isinstance(a, torch.Tensor)]
+            if len(srcs) != len(args):
+                srcs = list(tensors_in(args))
+            if kwargs:
+                srcs += tensors_in({n: v for n, v in kwargs.items() if n != "out"})
             if dest is not _NO_DEST and srcs:
                 srcs = srcs[1:]
                 if dest is not None:
-                    inputs.append(dest)
-                    has_nan_in = has_nan_in or bool(torch.isnan(dest[0]).any())
+                    inputs.append(dest[:2])
+                    has_nan_in = dest[2]
             for a in srcs:
-                if is_float(a) and not all_finite(a):
-                    prod = self.events.get(key(a)) or self.fwd.get(key(a)) or External(a)
+                if not is_float(a):
+                    continue
+                ka = (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device)
+                prod = events.get(ka)
+                if prod is not None:  # a non-finite output of an earlier op: no need to look
                     inputs.append((a, prod))
-                    has_nan_in = has_nan_in or bool(torch.isnan(a).any())
+                    has_nan_in = has_nan_in or prod.nan
+                    continue
+                a_nan = nonfinite(a)
+                if a_nan is None:
+                    continue
+                inputs.append((a, self.fwd.get(ka) or External(a)))
+                has_nan_in = has_nan_in or a_nan
             name = _aten_name(func)
-            ev = Event("backward", name, _tag_of(node), node, o, inputs)
-            if not has_nan_in and bool(torch.isnan(o).any()):
+            ev = Event("backward", name, _tag_of(node), node, o, inputs, nan=nan)
+            if nan and not has_nan_in:
                 ev.nan_new = True
                 self._indeterminate(ev, name, args, node)
-            self.events[k] = ev
+            events[k] = ev
 
     def _indeterminate(self, ev: Event, name: str, args: tuple, node: Any) -> None:
         """Name the indeterminate form of a new NaN and where its zero came from."""
@@ -360,40 +431,52 @@ class Tracer:
 
     def blame(self, start: Event | External) -> list[tuple[Event | External, Event | None]]:
         """Walk the dataflow back from a non-finite output to the operations that created the
-        non-finite values from finite inputs. Returns (root, poison) pairs."""
+        non-finite values from finite inputs. Returns (root, poison) pairs: the poison of a
+        root is the first event that made a NaN on the path from the root to ``start``.
+
+        Memoized per event, so blaming every gradient of a model costs one walk of the graph."""
         if isinstance(start, External):
             return [(start, None)]
-        child: dict[int, Event] = {}
-        seen: set[int] = set()
-        roots: list[Event | External] = []
-        stack: list[Event | External] = [start]
+        stamp = (len(self.events), len(self.fwd))
+        if self._blame_stamp != stamp:
+            self._blame_memo = {}
+            self._blame_stamp = stamp
+        memo: dict[int, dict[int, tuple[Any, Any]]] = self._blame_memo
+        open_: set[int] = set()
+        stack: list[tuple[Any, bool]] = [(start, False)]
         while stack:
-            ev = stack.pop()
-            if id(ev) in seen:
+            ev, done = stack.pop()
+            i = id(ev)
+            if i in memo:
                 continue
-            seen.add(id(ev))
             if isinstance(ev, External):
-                roots.append(ev)
+                memo[i] = {i: (ev, None)}
                 continue
             if not ev.inputs:
-                roots.append(ev)
+                memo[i] = {i: (ev, ev if ev.nan_new else None)}
                 continue
-            # prefer a NaN's parents that made the NaN: follow every non-finite input
-            for _, prod in ev.inputs:
-                if id(prod) not in seen:
-                    child.setdefault(id(prod), ev)
-                    stack.append(prod)
-        out = []
-        for r in roots:
-            poison = None
-            e: Any = r
-            while e is not None:
-                if isinstance(e, Event) and e.nan_new:
-                    poison = e
-                    break
-                e = child.get(id(e))
-            out.append((r, poison))
-        return out
+            if not done:
+                if i in open_:  # a cycle (cannot happen in a dataflow graph): cut it
+                    continue
+                open_.add(i)
+                stack.append((ev, True))
+                for _, prod in ev.inputs:
+                    if id(prod) not in memo:
+                        stack.append((prod, False))
+                continue
+            open_.discard(i)
+            res: dict[int, tuple[Any, Any]] = {}
+            own = ev if ev.nan_new else None
+            # the last input first, as a depth-first walk from ``start`` meets them
+            for _, prod in reversed(ev.inputs):
+                sub = memo.get(id(prod))
+                if sub is None:
+                    continue
+                for ri, (r, poison) in sub.items():
+                    if ri not in res:
+                        res[ri] = (r, poison if poison is not None else own)
+            memo[i] = res
+        return list(memo[id(start)].values())
 
 
 def _tag_of(node: Any) -> Tag | None:
@@ -403,10 +486,16 @@ def _tag_of(node: Any) -> Tag | None:
         return None
 
 
+_ATEN_NAMES: dict[Any, str] = {}
+
+
 def _aten_name(func: Any) -> str:
-    s = str(func)  # "aten.div.Tensor"
-    parts = s.split(".")
-    return ".".join(parts[:2]) if len(parts) >= 2 else s
+    name = _ATEN_NAMES.get(func)
+    if name is None:
+        s = str(func)  # "aten.div.Tensor"
+        parts = s.split(".")
+        name = _ATEN_NAMES[func] = ".".join(parts[:2]) if len(parts) >= 2 else s
+    return name
 
 
 def _qualname(func: Any, name: str) -> str:
@@ -444,36 +533,72 @@ class _FunctionMode(TorchFunctionMode):
             "torch.autograd",
             "torch.autograd.__init__",
         ):
-            self.tracer.on_backward_call(args[0] if args else kwargs.get("tensors"))
-            return func(*args, **kwargs)
+            return self.tracer.run_backward(func, args, kwargs)
         out = func(*args, **kwargs)
         self.tracer.on_function(func, name, args, kwargs, out)
         return out
 
 
+_INPLACE: dict[Any, int] = {}  # aten op -> 0 functional, 1 overwrites args[0], 2 updates it
+
+
+def _inplace_kind(func: Any) -> int:
+    kind = _INPLACE.get(func)
+    if kind is None:
+        base = func.__name__.split(".")[0] if hasattr(func, "__name__") else ""
+        kind = 0 if not base.endswith("_") else 1 if base in _OVERWRITE else 2
+        _INPLACE[func] = kind
+    return kind
+
+
 class _DispatchMode(TorchDispatchMode):
+    """Sees every aten op of the backward pass and the Node running it."""
+
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
         self.tracer = tracer
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        node = torch._C._current_autograd_node()
+        node = _current_node()
         if node is None:
-            return func(*args, **kwargs)
+            return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         dest: Any = _NO_DEST
-        base = func.__name__.split(".")[0] if hasattr(func, "__name__") else ""
-        if base.endswith("_") and args and isinstance(args[0], torch.Tensor):
-            if base in _OVERWRITE:
-                dest = None
-            else:
+        kind = _INPLACE.get(func)
+        if kind is None:
+            kind = _inplace_kind(func)
+        if kind and args and isinstance(args[0], torch.Tensor):
+            dest = None
+            if kind == 2:
                 with torch._C.DisableTorchFunction():
                     d = args[0]
-                    if is_float(d) and not all_finite(d):
-                        dest = (d.clone(), self.tracer.producer_of(d) or External(d.clone()))
-                    else:
-                        dest = None
+                    nan = nonfinite(d) if is_float(d) else None
+                    if nan is not None:
+                        dest = (d.clone(), self.tracer.producer_of(d) or External(d.clone()), nan)
         out = func(*args, **kwargs)
         with torch._C.DisableTorchFunction():
             self.tracer.on_aten(func, node, args, kwargs, out, dest)
         return out
+
+
+class _DispatchModeNoDynamo(_DispatchMode):
+    """The same mode without torch's per-call ``torch._dynamo.disable`` wrapper (whose first
+    call imports torch._dynamo: seconds). Used while torch._dynamo is not imported, when
+    nothing can be compiled anyway."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    __torch_dispatch__ = _DispatchMode.__dict__["__torch_dispatch__"].__wrapped__  # type: ignore[attr-defined]
+
+
+def dispatch_mode(tracer: Tracer) -> _DispatchMode:
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return _DispatchMode(tracer)
+    return _DispatchModeNoDynamo(tracer)
+
+
+_current_node = torch._C._current_autograd_node

@@ -59,21 +59,38 @@ def _position(code: CodeType, lasti: int) -> tuple[int | None, int | None, int |
     return hit
 
 
+_library_code: dict[CodeType, bool] = {}
+
+
 def user_frame_object(depth: int = 1) -> FrameType | None:
     """The innermost frame that is not torch's, gradsan's or contextlib's."""
     f: FrameType | None = sys._getframe(depth)
-    while f is not None and is_library_file(f.f_code.co_filename):
+    lib_code = _library_code
+    while f is not None:
+        code = f.f_code
+        lib = lib_code.get(code)
+        if lib is None:
+            lib = lib_code[code] = is_library_file(code.co_filename)
+        if not lib:
+            return f
         f = f.f_back
-    return f
+    return None
+
+
+_frames: dict[tuple[CodeType, int], Frame] = {}
 
 
 def frame_of(f: FrameType) -> Frame:
     code = f.f_code
+    k = (code, f.f_lasti)
+    hit = _frames.get(k)
+    if hit is not None:
+        return hit
     line, col, end = _position(code, f.f_lasti)
     if line is None:
         line = f.f_lineno
     text = linecache.getline(code.co_filename, line).rstrip("\n")
-    return Frame(
+    hit = _frames[k] = Frame(
         file=code.co_filename,
         line=line,
         column=col,
@@ -81,6 +98,7 @@ def frame_of(f: FrameType) -> Frame:
         code=text,
         end_column=end,
     )
+    return hit
 
 
 def user_frame(depth: int = 2) -> Frame | None:

@@ -35,6 +35,7 @@ __all__ = [
     "hypot",
     "layer_norm",
     "log",
+    "log1p",
     "log_softmax",
     "logsumexp",
     "maximum",
@@ -88,16 +89,51 @@ def _sum_to(g: Tensor, shape) -> Tensor:
     return g if g.shape == shape else g.sum_to_size(shape)
 
 
-def _unary(value: Callable, coef: Callable, name: str, doc: str) -> Callable:
-    """An elementwise ``autograd.Function``: ``value(x)``, derivative ``coef(x, y)``."""
+def _fast() -> bool:
+    """Whether a backward pass may take its fast path: in-place kernels on fresh tensors and a
+    data-dependent check for the singular points. Not when the backward itself is recorded
+    (``create_graph=True`` turns grad mode on inside backward) and not under torch.compile,
+    which trace the plain differentiable formulas instead. Both give the same values."""
+    return not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+def _min_gt(t: Tensor, bound: float) -> bool:
+    """``t.min() > bound`` (False for an empty, complex or NaN-holding ``t``): one reduction."""
+    if t.numel() == 0 or t.is_complex():
+        return False
+    return bool(t.amin().item() > bound)
+
+
+def _min_ge(t: Tensor, bound: float) -> bool:
+    if t.numel() == 0 or t.is_complex():
+        return False
+    return bool(t.amin().item() >= bound)
+
+
+def _all_nonzero(t: Tensor) -> bool:
+    return t.numel() > 0 and int(torch.count_nonzero(t)) == t.numel()
+
+
+def _unary(value: Callable, coef: Callable, name: str, doc: str, fast: Callable | None = None,
+           fast_value: Callable | None = None) -> Callable:
+    """An elementwise ``autograd.Function``: ``value(x)``, derivative ``coef(x, y)``.
+
+    ``fast(x, y, g)`` computes ``g * coef(x, y)`` with fewer kernels when no singular point is
+    present, or returns None; ``fast_value(x)`` likewise for the value."""
 
     def forward(ctx, x):
-        y = value(x)
+        y = fast_value(x) if fast_value is not None else None
+        if y is None:
+            y = value(x)
         ctx.save_for_backward(x, y)
         return y
 
     def backward(ctx, g):
         x, y = ctx.saved_tensors
+        if fast is not None and _fast():
+            out = fast(x, y, g)
+            if out is not None:
+                return out
         return g * coef(x, y)
 
     fn = type(
@@ -123,6 +159,12 @@ def _sqrt_coef(x, y):
     return torch.where(pos, 0.5 / _mask(pos, y), 0.0)
 
 
+def _sqrt_fast(x, y, g):
+    if not _min_gt(y, 0.0):
+        return None
+    return torch.div(g, y).mul_(0.5)  # torch's own g / (2 y), one fresh tensor
+
+
 sqrt = _unary(
     torch.sqrt,
     _sqrt_coef,
@@ -137,12 +179,19 @@ sqrt = _unary(
         >>> (0.0 * safe.sqrt(x)).backward(); print(x.grad)
         tensor(0.)
     """,
+    _sqrt_fast,
 )
 
 
 def _rsqrt_coef(x, y):
     pos = x > 0
     return torch.where(pos, -0.5 * _mask(pos, y) / _mask(pos, x), 0.0)
+
+
+def _rsqrt_fast(x, y, g):
+    if not _min_gt(x, 0.0):
+        return None
+    return torch.mul(y, -0.5).div_(x).mul_(g)
 
 
 rsqrt = _unary(
@@ -158,6 +207,7 @@ rsqrt = _unary(
         >>> (0.0 * safe.rsqrt(x)).backward(); print(x.grad)
         tensor(0.)
     """,
+    _rsqrt_fast,
 )
 
 
@@ -169,6 +219,12 @@ def _cbrt_coef(x, y):
     nz = x != 0
     ys = _mask(nz, y)
     return torch.where(nz, (1.0 / 3.0) / (ys * ys), 0.0)
+
+
+def _cbrt_fast(x, y, g):
+    if not _all_nonzero(x):
+        return None
+    return torch.mul(y, y).reciprocal_().mul_(1.0 / 3.0).mul_(g)
 
 
 cbrt = _unary(
@@ -185,12 +241,19 @@ cbrt = _unary(
         >>> safe.cbrt(x).backward(); print(x.grad)
         tensor(0.)
     """,
+    _cbrt_fast,
 )
 
 
 def _log_coef(x, y):
     pos = x > 0
     return torch.where(pos, 1.0 / _mask(pos, x), 0.0)
+
+
+def _log_fast(x, y, g):
+    if not _min_gt(x, 0.0):
+        return None
+    return torch.div(g, x)  # torch's own formula
 
 
 log = _unary(
@@ -207,6 +270,35 @@ log = _unary(
         >>> torch.where(x > 0, safe.log(x), 0.0).backward(); print(x.grad)
         tensor(0.)
     """,
+    _log_fast,
+)
+
+def _log1p_coef(x, y):
+    ok = x > -1
+    return torch.where(ok, 1.0 / _mask(ok, 1.0 + x), 0.0)
+
+
+def _log1p_fast(x, y, g):
+    if not _min_gt(x, -1.0):
+        return None
+    return torch.div(g, 1.0 + x)  # torch's own formula
+
+
+log1p = _unary(
+    torch.log1p,
+    _log1p_coef,
+    "log1p",
+    """``torch.log1p(x)`` (``-inf`` at -1), with derivative ``1 / (1 + x)`` for ``x > -1`` and 0
+    for ``x <= -1``, so a masked-out ``log1p(-1)`` contributes exactly 0 to the gradient.
+
+    Example:
+        >>> import torch
+        >>> from gradsan.torch import safe
+        >>> x = torch.tensor(-1.0, requires_grad=True)
+        >>> (0.0 * safe.log1p(x)).backward(); print(x.grad)
+        tensor(0.)
+    """,
+    _log1p_fast,
 )
 
 _SINC_COEFS = [
@@ -227,6 +319,25 @@ def _sinc_coef(x, y):
     return torch.where(small, acc * xs, direct)
 
 
+def _sinc_fast(x, y, g):
+    """The same two formulas, each only where it is used: the direct one in place on all of
+    ``x``, the series on the entries with ``|x| <= 0.5`` only."""
+    if x.is_complex():
+        return None
+    small = torch.abs(x) <= 0.5
+    px = torch.mul(x, math.pi)
+    direct = torch.cos(px)
+    direct.sub_(torch.sin(px).div_(px)).div_(x)
+    xs = x[small]
+    if xs.numel():
+        x2 = xs * xs
+        acc = torch.full_like(xs, _SINC_COEFS[-1])
+        for c in reversed(_SINC_COEFS[:-1]):
+            acc.mul_(x2).add_(c)
+        direct.masked_scatter_(small, acc.mul_(xs))
+    return direct.mul_(g)
+
+
 sinc = _unary(
     torch.sinc,
     _sinc_coef,
@@ -240,6 +351,7 @@ sinc = _unary(
         >>> safe.sinc(x).backward(); print(x.grad.abs())
         tensor(0.)
     """,
+    _sinc_fast,
 )
 
 
@@ -267,7 +379,16 @@ class _PowStatic(torch.autograd.Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         p = ctx.p
-        return g * _pow_dx(x, p, float(p).is_integer()), None
+        is_int = float(p).is_integer()
+        if p != 0 and _fast():
+            # no singular point: torch's own formula g * (p * x ** (p - 1)), in place
+            if p >= 1:
+                ok = is_int or _min_ge(x, 0.0)
+            else:
+                ok = _all_nonzero(x) if is_int else _min_gt(x, 0.0)
+            if ok:
+                return torch.pow(x, p - 1).mul_(p).mul_(g), None
+        return g * _pow_dx(x, p, is_int), None
 
 
 class _PowTensor(torch.autograd.Function):
@@ -341,6 +462,12 @@ def _xlogx_coef(x, y):
     return torch.where(pos, torch.log(_mask(pos, x)) + 1, edge)
 
 
+def _xlogx_fast(x, y, g):
+    if not _min_gt(x, 0.0):
+        return None
+    return torch.log(x).add_(1).mul_(g)
+
+
 xlogx = _unary(
     lambda x: torch.xlogy(x, x),
     _xlogx_coef,
@@ -355,6 +482,7 @@ xlogx = _unary(
         >>> safe.xlogx(x).backward(); print(x.grad)
         tensor(-inf)
     """,
+    _xlogx_fast,
 )
 
 
@@ -370,9 +498,53 @@ def div(x, y, fill=0.0) -> Tensor:
         tensor(0.)
     """
     x, y = _pair(x, y)
+    if not isinstance(fill, Tensor) or (fill.ndim == 0 and not fill.requires_grad):
+        return _Div.apply(x, y, fill)
     nz = y != 0
-    fill_t = fill if isinstance(fill, Tensor) else torch.as_tensor(fill, dtype=x.dtype)
-    return torch.where(nz, x / _mask(nz, y), fill_t)
+    return torch.where(nz, x / _mask(nz, y), fill)
+
+
+class _Div(torch.autograd.Function):
+    """``where(y != 0, x / y, fill)`` with the double-where trick's derivatives (0 where
+    ``y == 0``); a plain ``x / y`` when ``y`` has no zero."""
+
+    @staticmethod
+    def forward(ctx, x, y, fill):
+        if _all_nonzero(y):
+            out = x / y
+            ctx.nz = None
+        else:
+            nz = y != 0
+            fill_t = fill if isinstance(fill, Tensor) else torch.as_tensor(fill, dtype=x.dtype)
+            out = torch.where(nz, x / _mask(nz, y), fill_t.to(x.device))
+            ctx.nz = nz
+        ctx.save_for_backward(x, y)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        nz = ctx.nz
+        need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gx = gy = None
+        if nz is None and _fast():
+            if need_x:
+                gx = _sum_to(torch.div(g, y), x.shape)
+            if need_y:
+                gy = _sum_to(torch.div(x, y).div_(y).mul_(g).neg_(), y.shape)
+            return gx, gy, None
+        # torch's formulas for x / y behind the double where: 0 where y == 0
+        if nz is not None:
+            g = torch.where(nz, g, 0.0)
+            y = _mask(nz, y)
+        if need_x:
+            gx = _sum_to(g / y, x.shape)
+        if need_y:
+            gy = -g * ((x / y) / y)
+            if nz is not None:
+                gy = torch.where(nz, gy, 0.0)
+            gy = _sum_to(gy, y.shape)
+        return gx, gy, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,8 +560,45 @@ def _arc_coef(sign):
     return coef
 
 
+def _inside(x: Tensor) -> bool:
+    """Every entry strictly inside (-1, 1): one reduction (False for NaN)."""
+    if x.numel() == 0 or x.is_complex():
+        return False
+    lo, hi = torch.aminmax(x)
+    return bool(lo.item() > -1 and hi.item() < 1)
+
+
+def _clamped(f):
+    """``f(clamp(x, -1, 1))``; the clamp is skipped when it changes nothing."""
+
+    def value(x):
+        if x.numel() and not x.is_complex():
+            lo, hi = torch.aminmax(x)
+            if lo.item() >= -1 and hi.item() <= 1:
+                return f(x)
+        return f(torch.clamp(x, -1, 1))
+
+    return value
+
+
+def _arc_fast(sign):
+    def fast(x, y, g):
+        if not _inside(x):
+            return None
+        t = torch.rsub(x, 1).mul_(torch.add(x, 1)).rsqrt_()  # rsqrt((1 - x) (1 + x))
+        return (t.neg_() if sign < 0 else t).mul_(g)
+
+    return fast
+
+
+def _arctanh_fast(x, y, g):
+    if not _inside(x):
+        return None
+    return torch.rsub(x, 1).mul_(torch.add(x, 1)).reciprocal_().mul_(g)
+
+
 arccos = _unary(
-    lambda x: torch.arccos(torch.clamp(x, -1, 1)),
+    _clamped(torch.arccos),
     _arc_coef(-1.0),
     "arccos",
     """``torch.arccos`` clipped to [-1, 1] (value at the nearest endpoint outside), with
@@ -402,10 +611,11 @@ arccos = _unary(
         >>> safe.arccos(x).backward(); print(x.grad)
         tensor(0.)
     """,
+    _arc_fast(-1.0),
 )
 
 arcsin = _unary(
-    lambda x: torch.arcsin(torch.clamp(x, -1, 1)),
+    _clamped(torch.arcsin),
     _arc_coef(1.0),
     "arcsin",
     """``torch.arcsin`` clipped to [-1, 1], with the true derivative inside and 0 for
@@ -418,6 +628,7 @@ arcsin = _unary(
         >>> safe.arcsin(x).backward(); print(x.grad)
         tensor(0.)
     """,
+    _arc_fast(1.0),
 )
 
 
@@ -428,7 +639,7 @@ def _arctanh_coef(x, y):
 
 
 arctanh = _unary(
-    lambda x: torch.arctanh(torch.clamp(x, -1, 1)),
+    _clamped(torch.arctanh),
     _arctanh_coef,
     "arctanh",
     """``torch.arctanh`` clipped to [-1, 1] (+-inf beyond), with the true derivative inside
@@ -441,6 +652,7 @@ arctanh = _unary(
         >>> (0.0 * safe.arctanh(x)).backward(); print(x.grad)
         tensor(0.)
     """,
+    _arctanh_fast,
 )
 
 
@@ -454,6 +666,11 @@ class _Hypot(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, y, h = ctx.saved_tensors
+        need_x, need_y = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if _fast() and _min_gt(h, 0.0):
+            gx = _sum_to(torch.div(x, h).mul_(g), x.shape) if need_x else None
+            gy = _sum_to(torch.div(y, h).mul_(g), y.shape) if need_y else None
+            return gx, gy
         pos = h > 0
         hs = _mask(pos, h)
         gx = g * torch.where(pos, x / hs, 0.0)
@@ -486,6 +703,11 @@ class _Atan2(torch.autograd.Function):
     def backward(ctx, g):
         y, x = ctx.saved_tensors
         h = torch.hypot(x, y)
+        need_y, need_x = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if _fast() and _min_gt(h, 0.0):
+            gy = _sum_to(torch.div(x, h).div_(h).mul_(g), y.shape) if need_y else None
+            gx = _sum_to(torch.div(y, h).neg_().div_(h).mul_(g), x.shape) if need_x else None
+            return gy, gx
         pos = h > 0
         hs = _mask(pos, h)
         gy = g * torch.where(pos, (x / hs) / hs, 0.0)
@@ -544,7 +766,33 @@ class _MinMax(torch.autograd.Function):
         x, y = ctx.saved_tensors
         win = x > y if ctx.is_max else x < y
         w = torch.where(win, 1.0, torch.where(x == y, 0.5, 0.0)).to(g.dtype)
-        return _sum_to(g * w, x.shape), _sum_to(g * (1 - w), y.shape), None
+        gx = _sum_to(g * w, x.shape) if ctx.needs_input_grad[0] else None
+        gy = _sum_to(g * (1 - w), y.shape) if ctx.needs_input_grad[1] else None
+        return gx, gy, None
+
+
+class _Clip(torch.autograd.Function):
+    """``minimum(maximum(x, lo), hi)`` for bounds ``lo < hi`` that need no gradient: one clamp,
+    and the same derivative: 1 inside, 0.5 at a bound, 0 outside (and for NaN)."""
+
+    @staticmethod
+    def forward(ctx, x, lo, hi):
+        out = torch.clamp(x, lo, hi)
+        ctx.save_for_backward(x, out)
+        ctx.lo, ctx.hi = lo, hi
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        x, out = ctx.saved_tensors
+        lo, hi = ctx.lo, ctx.hi
+        inside = torch.gt(x, lo).logical_and_(torch.lt(x, hi))
+        if _fast():
+            # no x on a bound: out == x exactly on the inside
+            if int(torch.count_nonzero(inside)) == int(torch.count_nonzero(torch.eq(out, x))):
+                return torch.mul(g, inside), None, None
+        w = torch.where(inside, 1.0, torch.where((x == lo) | (x == hi), 0.5, 0.0)).to(g.dtype)
+        return g * w, None, None
 
 
 def maximum(x, y) -> Tensor:
@@ -586,11 +834,23 @@ def clip(x, min=None, max=None) -> Tensor:
         tensor(0.5000)
     """
     x = _inexact(x)
+    if _plain_bound(min) and _plain_bound(max) and not x.is_complex():
+        lo = torch.as_tensor(min, dtype=x.dtype).item()  # rounded to x's dtype, as below
+        hi = torch.as_tensor(max, dtype=x.dtype).item()
+        if lo < hi:
+            return _Clip.apply(x, lo, hi)
     if min is not None:
         x = maximum(x, torch.as_tensor(min, dtype=x.dtype))
     if max is not None:
         x = minimum(x, torch.as_tensor(max, dtype=x.dtype))
     return x
+
+
+def _plain_bound(b) -> bool:
+    """A bound given as a number (or a 0-d tensor without gradient)."""
+    if isinstance(b, Tensor):
+        return b.ndim == 0 and not b.requires_grad and not b.is_complex()
+    return isinstance(b, (int, float)) and not isinstance(b, bool)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -667,6 +927,9 @@ class _NormKeep(torch.autograd.Function):
     def backward(ctx, g):
         x, n = ctx.saved_tensors
         axes, matrix = _axes(x, ctx.ord, ctx.axis)
+        euclid = ctx.ord in (None, "fro") or (ctx.ord == 2 and not matrix)
+        if euclid and _fast() and _min_gt(n, 0.0):
+            return torch.div(x, n).mul_(g), None, None  # x / n, in place
         return g * _norm_grad(x, n, ctx.ord, axes, matrix), None, None
 
 
@@ -738,8 +1001,10 @@ class _StdKeep(torch.autograd.Function):
     def backward(ctx, g):
         x, s = ctx.saved_tensors
         count = math.prod(x.shape[d] for d in ctx.dims)
-        pos = s > 0
         centered = x - x.mean(dim=ctx.dims, keepdim=True)
+        if _fast() and _min_gt(s, 0.0):
+            return centered.div_((count - ctx.ddof) * s).mul_(g), None, None
+        pos = s > 0
         coef = torch.where(pos, centered / ((count - ctx.ddof) * _mask(pos, s)), 0.0)
         return g * coef, None, None
 
@@ -891,6 +1156,8 @@ class _LseKeep(torch.autograd.Function):
     def backward(ctx, g):
         xm, out = ctx.saved_tensors
         fin = torch.isfinite(out)
+        if _fast() and bool(fin.all()):
+            return torch.sub(xm, out).exp_().mul_(g), None, None  # softmax, in place
         p = torch.where(fin & (xm > -math.inf), torch.exp(xm - _mask(fin, out, 0.0)), 0.0)
         return g * p, None, None
 
@@ -941,6 +1208,8 @@ def softmax(x, axis: int = -1, where=None) -> Tensor:
         tensor([0., 0.])
     """
     x, mask = _prep_mask(x, where)
+    if mask is None:  # nothing masked: torch's own softmax has these derivatives
+        return torch.softmax(x, axis % x.ndim)
     return _Softmax.apply(x, mask, axis % x.ndim)
 
 
@@ -977,6 +1246,8 @@ def log_softmax(x, axis: int = -1, where=None) -> Tensor:
         tensor([-inf, -inf])
     """
     x, mask = _prep_mask(x, where)
+    if mask is None:  # nothing masked: torch's own log_softmax has these derivatives
+        return torch.log_softmax(x, axis % x.ndim)
     return _LogSoftmax.apply(x, mask, axis % x.ndim)
 
 
