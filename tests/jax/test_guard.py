@@ -127,9 +127,9 @@ def test_guard_bit_identical_on_an_adam_attention_step():
         return jnp.mean(h**2)
 
     def step(p, s, x):
-        l, g = jax.value_and_grad(loss)(p, x)
+        lv, g = jax.value_and_grad(loss)(p, x)
         u, s = opt.update(g, s, p)
-        return optax.apply_updates(p, u), s, l
+        return optax.apply_updates(p, u), s, lv
 
     plain, guarded = jax.jit(step), gsj.guard(jax.jit(step))
     p1 = p2 = params
@@ -140,3 +140,21 @@ def test_guard_bit_identical_on_an_adam_attention_step():
     for a, b in zip(jax.tree_util.tree_leaves((p1, s1, l1)), jax.tree_util.tree_leaves((p2, s2, l2))):
         np.testing.assert_array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
                                       np.atleast_1d(np.asarray(b)).view(np.uint8))
+
+
+def test_guard_switches_to_the_fused_program_after_the_background_compile():
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 8))
+    w = jax.random.normal(jax.random.PRNGKey(1), (8, 4))
+    plain = make_step(False)
+    g = gsj.guard(make_step(False))
+    g(w, x)  # the first call runs the function itself and starts the compile
+    g._gradsan_state["thread"].join(timeout=120)
+    assert g._gradsan_state["compiled"] is not None
+    for a, b in zip(g(w, x), plain(w, x)):  # now through the fused program
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+    with pytest.raises(gradsan.NonFiniteError) as info:
+        g(jnp.zeros((8, 4)), jnp.ones((16, 8)))
+    assert info.value.report.findings[0].where.line == line_of("L:guard")
+    g(jnp.zeros((3, 8, 4)).sum(0) + w, x)  # same shapes: compiled path
+    g(jnp.ones((8, 2)), jnp.ones((5, 8)))  # other shapes: the jit path
+    assert g._gradsan_state["use_jit"]
