@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/gradsan demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks tools examples
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -p no:cacheprovider tests
