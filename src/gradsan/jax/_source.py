@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import linecache
 import os
 import sys
 
 from .._report import Frame
+from .._report._frames import frame_at
 
 _SEP = os.sep
 _GRADSAN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,21 +120,7 @@ def _position(code, lasti: int):
 
 
 def _frame(code, lasti: int) -> Frame | None:
-    pos = _position(code, lasti)
-    if pos is None or pos[0] is None:
-        return None
-    line, end_line, col, end_col = pos
-    if end_line != line:
-        end_col = None
-    text = linecache.getline(code.co_filename, line).rstrip("\n")
-    return Frame(
-        file=code.co_filename,
-        line=line,
-        column=col,
-        function=code.co_name,
-        code=text,
-        end_column=end_col,
-    )
+    return frame_at(code, lasti)
 
 
 def _libname(prefix: str, func: str) -> str:

@@ -3,13 +3,12 @@ column range of the sub-expression from ``code.co_positions()`` (Python >= 3.11)
 
 from __future__ import annotations
 
-import itertools
-import linecache
 import os
 import sys
 from types import CodeType, FrameType
 
 from .._report import Frame
+from .._report._frames import frame_at
 
 _SKIP_DIRS: tuple[str, ...] = ()
 
@@ -38,27 +37,6 @@ def is_library_file(filename: str) -> bool:
     return filename.startswith(_SKIP_DIRS)
 
 
-_positions: dict[tuple[CodeType, int], tuple[int | None, int | None, int | None]] = {}
-
-
-def _position(code: CodeType, lasti: int) -> tuple[int | None, int | None, int | None]:
-    key = (code, lasti)
-    hit = _positions.get(key)
-    if hit is None:
-        line = col = end = None
-        try:
-            pos = next(itertools.islice(code.co_positions(), lasti // 2, None), None)
-        except AttributeError:  # Python < 3.11: no columns
-            pos = None
-        if pos is not None:
-            line, end_line, col, end = pos
-            if end_line != line:
-                end = None
-        hit = (line, col, end)
-        _positions[key] = hit
-    return hit
-
-
 _library_code: dict[CodeType, bool] = {}
 
 
@@ -77,28 +55,10 @@ def user_frame_object(depth: int = 1) -> FrameType | None:
     return None
 
 
-_frames: dict[tuple[CodeType, int], Frame] = {}
-
-
 def frame_of(f: FrameType) -> Frame:
-    code = f.f_code
-    k = (code, f.f_lasti)
-    hit = _frames.get(k)
-    if hit is not None:
-        return hit
-    line, col, end = _position(code, f.f_lasti)
-    if line is None:
-        line = f.f_lineno
-    text = linecache.getline(code.co_filename, line).rstrip("\n")
-    hit = _frames[k] = Frame(
-        file=code.co_filename,
-        line=line,
-        column=col,
-        function=code.co_name,
-        code=text,
-        end_column=end,
-    )
-    return hit
+    frame = frame_at(f.f_code, f.f_lasti, f.f_lineno)
+    assert frame is not None  # f_lineno is always known
+    return frame
 
 
 def user_frame(depth: int = 2) -> Frame | None:
