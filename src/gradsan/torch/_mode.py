@@ -116,6 +116,9 @@ class Event:
     form: str | None = None
     zero_from: Frame | None = None
     index: tuple | None = None
+    # an inf the user wrote on purpose (masked_fill(mask, -inf)): not the problem by itself;
+    # the NaN is born where two such infinities meet (softmax of a fully masked row)
+    intentional: bool = False
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
@@ -288,6 +291,9 @@ class Tracer:
         ev = Event("forward", name, tag, None, t, inputs, nan=nan)
         if not nan_in:
             ev.nan_new = nan
+        if not inputs and not nan and any(
+                isinstance(v, float) and math.isinf(v) for v in list(args) + list(kwargs.values())):
+            ev.intentional = True
         self.fwd[key(t)] = ev
 
     def _record_bool(self, name: str, args: tuple, outs: list) -> None:
@@ -473,6 +479,9 @@ class Tracer:
                 if sub is None:
                     continue
                 for ri, (r, poison) in sub.items():
+                    if own is not None and getattr(r, "intentional", False):
+                        res.setdefault(i, (ev, None))  # born here, from intentional infs
+                        continue
                     if ri not in res:
                         res[ri] = (r, poison if poison is not None else own)
             memo[i] = res
