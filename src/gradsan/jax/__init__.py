@@ -6,10 +6,11 @@
 """
 
 from . import safe as safe
+from ._certify import certify as certify
 from ._explain import explain as explain
 from ._guard import guard as guard
 from ._nansafe import nansafe as nansafe
 from ._sanitize import sanitize as sanitize
 from ._subgradient import subgradient as subgradient
 
-__all__ = ["explain", "guard", "nansafe", "safe", "sanitize", "subgradient"]
+__all__ = ["certify", "explain", "guard", "nansafe", "safe", "sanitize", "subgradient"]

@@ -1,0 +1,1930 @@
+"""gradsan.jax.certify: ray-Puiseux AD (theory.md section 6.5, Tiers B and C).
+
+Along random rays x0 + t v, t -> 0+, every intermediate of the loss's jaxpr is propagated as a
+truncated generalized power series (:mod:`._series`), then a reverse sweep with series-valued
+local partials and cotangents gives each input a gradient series G(t). Per ray the verdict is
+
+* DEFINED: G has no divergent term; its t^0 coefficient is lim_{t->0+} grad f(x0 + t v);
+* SINGULAR: the value diverges, the increment's leading exponent is < 1 (or 1 with a log), or
+  G diverges; the certificate is the leading term;
+* DISCONTINUOUS: the limit of f along the ray differs from f(x0);
+* REMOVABLE: f(x0) is NaN but the limit (and a gradient limit) exists;
+* DOMAIN: the ray leaves the real domain;
+* UNDECIDED: horizon, cancellation or an unsupported primitive stopped the rules.
+
+Several rays (v and -v first) certify "not differentiable" (different limits, or
+f'(x; v) + f'(x; -v) != 0) and give the minimum-norm element of the hull of the limits, labelled
+as a Clarke subgradient. The result is checked against itself: G(v) . v must equal the forward
+series' f'(x0; v), or the ray is reported UNDECIDED with an internal-error note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import string
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core as jcore
+
+from .._errors import UsageError
+from .._report import Finding, Frame, Report
+from .._report._records import OutputHit
+from . import _series as S
+from ._series import DOMAIN, OK, POISON, UNDEC, ZERO, Series, Undecided
+
+__all__ = ["certify"]
+
+VERDICTS = ("DEFINED", "SINGULAR", "DISCONTINUOUS", "REMOVABLE", "DOMAIN", "UNDECIDED")
+
+
+# -- values -----------------------------------------------------------------------------------
+
+
+class IntVal:
+    """A boolean or integer value: constant along the ray for small t (bad: undecided/flagged)."""
+
+    __slots__ = ("x", "bad")
+
+    def __init__(self, x, bad=None):
+        self.x = np.asarray(x)
+        self.bad = np.zeros(self.x.shape, np.int8) if bad is None else np.asarray(bad, np.int8)
+
+    @property
+    def shape(self):
+        return self.x.shape
+
+
+def _is_float_aval(aval) -> bool:
+    return np.issubdtype(np.dtype(aval.dtype), np.floating) or np.issubdtype(
+        np.dtype(aval.dtype), np.complexfloating)
+
+
+def _lift(x, aval=None) -> Series | IntVal:
+    a = np.asarray(x)
+    dt = aval.dtype if aval is not None else a.dtype
+    if np.issubdtype(np.dtype(dt), np.complexfloating):
+        raise Undecided("complex values are not supported")
+    if np.issubdtype(np.dtype(dt), np.floating) or str(dt) == "bfloat16":
+        return Series.exact(a.astype(np.float64))
+    return IntVal(a)
+
+
+def _const_value(v) -> np.ndarray | None:
+    if isinstance(v, IntVal):
+        return None if v.bad.any() else v.x
+    if v.is_const():
+        return v.coef()
+    return None
+
+
+@dataclasses.dataclass
+class Ctx:
+    unverified: set = dataclasses.field(default_factory=set)
+    notes: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Tape:
+    jaxpr: Any
+    env: dict
+    active: set
+    aux: dict
+
+
+def _closed(j):
+    if isinstance(j, jcore.ClosedJaxpr):
+        return j.jaxpr, list(j.consts)
+    return j, []
+
+
+def _read(env, v):
+    if isinstance(v, jcore.Literal):
+        return _lift(v.val, v.aval)
+    return env[v]
+
+
+# -- the forward and reverse sweeps ------------------------------------------------------------
+
+
+def fwd_jaxpr(ctx: Ctx, jaxpr, consts: list, args: list, active_in: Sequence[bool]):
+    env: dict = {}
+    active: set = set()
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c if isinstance(c, (Series, IntVal)) else _lift(c, v.aval)
+    for v, a, act in zip(jaxpr.invars, args, active_in):
+        env[v] = a
+        if act:
+            active.add(v)
+    aux: dict = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        ins = [_read(env, v) for v in eqn.invars]
+        act = [(not isinstance(v, jcore.Literal)) and v in active for v in eqn.invars]
+        name = eqn.primitive.name
+        rule = FWD.get(name)
+        if rule is None and not any(act):
+            outs, a = _const_eval(eqn, ins), None
+        elif rule is None:
+            outs, a = _fallback_fwd(ctx, eqn, ins, act)
+        else:
+            outs, a = rule(ctx, eqn, ins, act)
+        aux[i] = a
+        any_act = any(act)
+        for v, o in zip(eqn.outvars, outs):
+            if isinstance(v, jcore.DropVar):
+                continue
+            env[v] = o
+            if any_act and isinstance(o, Series):
+                active.add(v)
+    outs = [_read(env, v) for v in jaxpr.outvars]
+    return outs, Tape(jaxpr, env, active, aux)
+
+
+def bwd_jaxpr(ctx: Ctx, tape: Tape, out_cots: list) -> list:
+    """Cotangents (Series or None) for the jaxpr's invars, given those of its outvars."""
+    jaxpr = tape.jaxpr
+    cot: dict = {}
+
+    def acc(v, c):
+        if c is None or isinstance(v, jcore.Literal) or v not in tape.active:
+            return
+        old = cot.get(v)
+        cot[v] = c if old is None else S.add(old, c)
+
+    for v, c in zip(jaxpr.outvars, out_cots):
+        acc(v, c)
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        eqn = jaxpr.eqns[i]
+        couts = [None if isinstance(v, jcore.DropVar) else cot.pop(v, None) for v in eqn.outvars]
+        if all(c is None for c in couts):
+            continue
+        need = [(not isinstance(v, jcore.Literal)) and v in tape.active for v in eqn.invars]
+        if not any(need):
+            continue
+        ins = [_read(tape.env, v) for v in eqn.invars]
+        outs = [tape.env.get(v) if not isinstance(v, jcore.DropVar) else None
+                for v in eqn.outvars]
+        for k, (c, o) in enumerate(zip(couts, outs)):
+            if c is None and isinstance(o, Series):
+                couts[k] = Series.zeros(o.shape)
+        rule = BWD.get(eqn.primitive.name)
+        if rule is None:
+            rule = _fallback_bwd
+        cins = rule(ctx, eqn, ins, outs, tape.aux.get(i), couts, need)
+        for v, c, n in zip(eqn.invars, cins, need):
+            if n and c is not None:
+                acc(v, _fit(c, _read(tape.env, v).shape))
+    return [cot.get(v) for v in jaxpr.invars]
+
+
+def _fit(c: Series, shape) -> Series:
+    """Sum a cotangent over broadcast dimensions down to the operand's shape."""
+    shape = tuple(shape)
+    if c.shape == shape:
+        return c
+    if not shape:
+        axes = tuple(range(len(c.shape)))
+        return S.apply_linear(c, lambda a: np.sum(a, axis=axes),
+                              lambda h: np.min(h, axis=axes), lambda b: np.max(b, axis=axes))
+    lead_n = len(c.shape) - len(shape)
+    axes = tuple(range(lead_n)) + tuple(
+        lead_n + i for i, n in enumerate(shape) if n == 1 and c.shape[lead_n + i] != 1)
+
+    def f(a, red=np.sum):
+        return np.reshape(red(a, axis=axes), shape) if axes else np.reshape(a, shape)
+
+    return S.apply_linear(c, f, functools.partial(f, red=np.min), functools.partial(f, red=np.max))
+
+
+# -- rule registries ---------------------------------------------------------------------------
+
+FWD: dict[str, Callable] = {}
+BWD: dict[str, Callable] = {}
+
+
+def _bind(eqn, invals):
+    params = eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(params, tuple):
+        subfuns, params = params
+        out = eqn.primitive.bind(*subfuns, *invals, **params)
+    else:
+        out = eqn.primitive.bind(*invals, **params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _const_eval(eqn, ins) -> list:
+    vals = []
+    for x in ins:
+        cv = _const_value(x)
+        if cv is None:
+            raise Undecided(f"`{eqn.primitive.name}` got a value that is not constant on the ray")
+        vals.append(cv)
+    with jax.default_device(jax.devices("cpu")[0]):
+        outs = _bind(eqn, [np.asarray(v) for v in vals])
+    return [_lift(np.asarray(o), v.aval) for o, v in zip(outs, eqn.outvars)]
+
+
+def _bad_of(x) -> np.ndarray:
+    return x.bad
+
+
+# -- elementwise unary ------------------------------------------------------------------------
+
+R = Fraction
+
+
+def _a0(u: Series) -> np.ndarray:
+    return np.broadcast_to(u.coef(), u.shape)
+
+
+def _log1p(u):
+    if np.all(1.0 + _a0(u) > 0.5) and not S._pole_mask(u).any():
+        return S.analytic(u, S.taylor_log1p)
+    return S.log(S.add_const(u, 1.0))
+
+
+def _expm1(u):
+    if S._pole_mask(u).any() or np.any(u.coef(ZERO, 1) != 0):
+        return S.add_const(S.exp(u), -1.0)
+    return S.analytic(u, S.taylor_expm1)
+
+
+def _atanh(u):
+    if np.all(np.abs(_a0(u)) < 0.5) and not S._pole_mask(u).any():
+        return S.analytic(u, S.taylor_atanh)
+    return S.scale(S.sub(S.log(S.add_const(u, 1.0)), S.log(S.sub(S.Series.exact(1.0), u))), 0.5)
+
+
+def _acos(u):
+    a0 = _a0(u)
+    if np.all(np.abs(a0) < 1) and not S._pole_mask(u).any():
+        return S.analytic(u, S.taylor_acos)
+    one = Series.exact(np.ones(u.shape))
+    return S.scale(S.atan2(S.power(S.sub(one, u), R(1, 2)), S.power(S.add(one, u), R(1, 2))), 2.0)
+
+
+def _asin(u):
+    a0 = _a0(u)
+    if np.all(np.abs(a0) < 1) and not S._pole_mask(u).any():
+        return S.analytic(u, S.taylor_asin)
+    return S.sub(Series.exact(np.full(u.shape, np.pi / 2)), _acos(u))
+
+
+def _sq(u):
+    return S.mul(u, u)
+
+
+def _one_minus_sq(u):
+    return S.sub(Series.exact(np.ones(u.shape)), _sq(u))
+
+
+def _abs_sign(u):
+    sg, und = S.sign_of(u)
+    return sg, und
+
+
+def _abs(u):
+    sg, und = _abs_sign(u)
+    return S.flag(S.scale(u, np.where(sg < 0, -1.0, 1.0)), und, UNDEC)
+
+
+def _abs_partial(u, out):
+    sg, und = _abs_sign(u)
+    return S.flag(Series.exact(np.where(sg < 0, -1.0, 1.0)), und, UNDEC)
+
+
+def _sign(u):
+    sg, und = _abs_sign(u)
+    return S.flag(S._keep_bad(Series.exact(sg), u), und, UNDEC)
+
+
+def _sign_partial(u, out):
+    sg, und = _abs_sign(u)
+    return S.flag(Series.zeros(u.shape), und, UNDEC)
+
+
+_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+UNARY: dict[str, tuple[Callable, Callable]] = {
+    "neg": (S.neg, lambda u, o: Series.exact(np.full(u.shape, -1.0))),
+    "sqrt": (lambda u: S.power(u, R(1, 2)), lambda u, o: S.scale(S.power(u, R(-1, 2)), 0.5)),
+    "rsqrt": (lambda u: S.power(u, R(-1, 2)), lambda u, o: S.scale(S.power(u, R(-3, 2)), -0.5)),
+    "cbrt": (lambda u: S.power(u, R(1, 3)), lambda u, o: S.scale(S.power(u, R(-2, 3)), 1 / 3)),
+    "log": (S.log, lambda u, o: S.inv(u)),
+    "log1p": (_log1p, lambda u, o: S.inv(S.add_const(u, 1.0))),
+    "exp": (S.exp, lambda u, o: o),
+    "exp2": (lambda u: S.exp(S.scale(u, math.log(2))), lambda u, o: S.scale(o, math.log(2))),
+    "expm1": (_expm1, lambda u, o: S.add_const(o, 1.0)),
+    "tanh": (lambda u: S.saturating(u, S.taylor_tanh, -1.0, 1.0),
+             lambda u, o: S.sub(Series.exact(np.ones(u.shape)), _sq(o))),
+    "logistic": (lambda u: S.saturating(u, S.taylor_logistic, 0.0, 1.0),
+                 lambda u, o: S.sub(o, _sq(o))),
+    "erf": (lambda u: S.saturating(u, S.taylor_erf, -1.0, 1.0),
+            lambda u, o: S.scale(S.exp(S.neg(_sq(u))), _SQRT_PI)),
+    "erfc": (lambda u: S.sub(Series.exact(np.ones(u.shape)),
+                             S.saturating(u, S.taylor_erf, -1.0, 1.0)),
+             lambda u, o: S.scale(S.exp(S.neg(_sq(u))), -_SQRT_PI)),
+    "sin": (lambda u: S.analytic(u, S.taylor_sin), lambda u, o: S.analytic(u, S.taylor_cos)),
+    "cos": (lambda u: S.analytic(u, S.taylor_cos),
+            lambda u, o: S.neg(S.analytic(u, S.taylor_sin))),
+    "tan": (lambda u: S.analytic(u, S.taylor_tan), lambda u, o: S.add_const(_sq(o), 1.0)),
+    "atan": (lambda u: S.analytic(u, S.taylor_atan), lambda u, o: S.inv(S.add_const(_sq(u), 1.0))),
+    "atanh": (_atanh, lambda u, o: S.inv(_one_minus_sq(u))),
+    "asin": (_asin, lambda u, o: S.power(_one_minus_sq(u), R(-1, 2))),
+    "acos": (_acos, lambda u, o: S.neg(S.power(_one_minus_sq(u), R(-1, 2)))),
+    "sinh": (lambda u: S.scale(S.sub(S.exp(u), S.exp(S.neg(u))), 0.5),
+             lambda u, o: S.scale(S.add(S.exp(u), S.exp(S.neg(u))), 0.5)),
+    "cosh": (lambda u: S.scale(S.add(S.exp(u), S.exp(S.neg(u))), 0.5),
+             lambda u, o: S.scale(S.sub(S.exp(u), S.exp(S.neg(u))), 0.5)),
+    "asinh": (lambda u: S.log(S.add(u, S.power(S.add_const(_sq(u), 1.0), R(1, 2)))),
+              lambda u, o: S.power(S.add_const(_sq(u), 1.0), R(-1, 2))),
+    "acosh": (lambda u: S.log(S.add(u, S.power(S.add_const(_sq(u), -1.0), R(1, 2)))),
+              lambda u, o: S.power(S.add_const(_sq(u), -1.0), R(-1, 2))),
+    "square": (_sq, lambda u, o: S.scale(u, 2.0)),
+    "abs": (_abs, _abs_partial),
+    "sign": (_sign, _sign_partial),
+}
+
+
+def _unary_fwd(fn):
+    def rule(ctx, eqn, ins, act):
+        return [fn(ins[0])], None
+
+    return rule
+
+
+def _unary_bwd(partial):
+    def rule(ctx, eqn, ins, outs, aux, cots, need):
+        return [S.rmul(cots[0], partial(ins[0], outs[0]))]
+
+    return rule
+
+
+for _n, (_f, _p) in UNARY.items():
+    FWD[_n] = _unary_fwd(_f)
+    BWD[_n] = _unary_bwd(_p)
+
+
+def _ipow_fwd(ctx, eqn, ins, act):
+    return [S.ipow(ins[0], int(eqn.params["y"]))], None
+
+
+def _ipow_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    n = int(eqn.params["y"])
+    return [S.rmul(cots[0], S.scale(S.ipow(ins[0], n - 1), float(n)))]
+
+
+FWD["integer_pow"] = _ipow_fwd
+BWD["integer_pow"] = _ipow_bwd
+
+
+def _identity_fwd(ctx, eqn, ins, act):
+    return [ins[0]], None
+
+
+def _identity_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    return [cots[0]]
+
+
+for _n in ("copy", "copy_p", "optimization_barrier", "reduce_precision", "real"):
+    FWD[_n] = _identity_fwd
+    BWD[_n] = _identity_bwd
+
+
+def _stop_fwd(ctx, eqn, ins, act):
+    return [ins[0]], None
+
+
+FWD["stop_gradient"] = _stop_fwd
+BWD["stop_gradient"] = lambda ctx, eqn, ins, outs, aux, cots, need: [None]
+
+
+def _convert_fwd(ctx, eqn, ins, act):
+    x = ins[0]
+    new = np.dtype(eqn.params["new_dtype"]) if str(eqn.params["new_dtype"]) != "bfloat16" \
+        else np.dtype(np.float32)
+    to_float = np.issubdtype(new, np.floating)
+    if isinstance(x, IntVal):
+        if to_float:
+            s = Series.exact(x.x.astype(np.float64))
+            return [S.flag(s, x.bad != OK, x.bad.max() if x.bad.any() else OK)], None
+        return [IntVal(x.x.astype(new), x.bad)], None
+    if to_float:
+        return [x], None
+    # float -> int/bool: piecewise constant
+    c0 = _a0(x)
+    rest = S.drop_const(x)
+    sg, und = S.sign_of(rest)
+    undec = (x.H <= S.EPS) | (x.bad != OK)
+    if new == np.bool_:
+        vals = np.where(c0 != 0, True, sg != 0)
+        undec = undec | ((c0 == 0) & und)
+    else:
+        integral = np.floor(c0) == c0
+        base = np.trunc(c0)
+        # at an integer c0 the sign of the rest decides the side (truncation toward zero)
+        step = np.where(integral & (sg < 0) & (c0 > 0), -1, 0) + np.where(
+            integral & (sg > 0) & (c0 < 0), 1, 0)
+        vals = base + step
+        undec = undec | (integral & und)
+    return [IntVal(np.asarray(vals).astype(new), np.where(undec, UNDEC, OK))], None
+
+
+FWD["convert_element_type"] = _convert_fwd
+BWD["convert_element_type"] = lambda ctx, eqn, ins, outs, aux, cots, need: [
+    cots[0] if isinstance(ins[0], Series) and isinstance(outs[0], Series) else None]
+
+
+# -- elementwise binary -----------------------------------------------------------------------
+
+
+def _add_fwd(ctx, eqn, ins, act):
+    a, b = ins
+    if isinstance(a, IntVal):
+        return _const_eval(eqn, ins), None
+    return [S.add(a, b, -1.0 if eqn.primitive.name == "sub" else 1.0)], None
+
+
+def _add_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    c = cots[0]
+    return [c, S.neg(c) if eqn.primitive.name == "sub" else c]
+
+
+for _n in ("add", "sub", "add_any"):
+    FWD[_n] = _add_fwd
+    BWD[_n] = _add_bwd
+
+
+def _mul_fwd(ctx, eqn, ins, act):
+    a, b = ins
+    if isinstance(a, IntVal):
+        return _const_eval(eqn, ins), None
+    return [S.mul(a, b)], None
+
+
+def _mul_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    a, b = ins
+    c = cots[0]
+    return [S.rmul(c, b) if need[0] else None, S.rmul(c, a) if need[1] else None]
+
+
+FWD["mul"] = _mul_fwd
+BWD["mul"] = _mul_bwd
+
+
+def _div_fwd(ctx, eqn, ins, act):
+    a, b = ins
+    if isinstance(a, IntVal):
+        return _const_eval(eqn, ins), None
+    return [S.mul(a, S.inv(b))], None
+
+
+def _div_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    a, b = ins
+    c = cots[0]
+    ib = S.inv(b)
+    ca = S.rmul(c, ib) if need[0] else None
+    cb = S.neg(S.rmul(c, S.mul(outs[0], ib))) if need[1] else None
+    return [ca, cb]
+
+
+FWD["div"] = _div_fwd
+BWD["div"] = _div_bwd
+
+
+def _pow_exponents(y: Series) -> np.ndarray | None:
+    """Rational exponents per element when y is an exact constant, else None."""
+    cv = _const_value(y)
+    if cv is None:
+        return None
+    cv = np.asarray(cv)
+    out = np.empty(cv.shape, dtype=object)
+    for idx in np.ndindex(cv.shape):
+        q = S.rational(float(cv[idx]))
+        if q is None:
+            return None
+        out[idx] = q
+    return out
+
+
+def _pow_const(x: Series, P: np.ndarray, shift: int = 0) -> Series:
+    shape = np.broadcast_shapes(x.shape, P.shape)
+    x = S.bcast(x, shape)
+    P = np.broadcast_to(P, shape)
+    out = None
+    for p in sorted(set(P.ravel())):
+        m = P == p
+        r = S.power(x, p + shift)
+        if shift:
+            r = S.scale(r, float(p))
+        out = r if out is None else S.select(m, r, out)
+        if out is r and len(set(P.ravel())) == 1:
+            return r
+        out = S.select(m, r, out)
+    return out
+
+
+def _pow_fwd(ctx, eqn, ins, act):
+    x, y = ins
+    if isinstance(y, IntVal):
+        y = Series.exact(y.x.astype(np.float64))
+    P = _pow_exponents(y)
+    if P is not None:
+        return [_pow_const(x, P)], None
+    shape = np.broadcast_shapes(x.shape, y.shape)
+    x, y = S.bcast(x, shape), S.bcast(y, shape)
+    zx = S.exact_zero(x)
+    gen = S.exp(S.mul(y, S.log(x)))
+    if zx.any():
+        y0 = _a0(y)
+        zero = Series.zeros(shape)
+        gen = S.select(zx & (y0 > 0), zero, S.flag(gen, zx & ~(y0 > 0), UNDEC))
+    return [gen], None
+
+
+def _pow_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    x, y = ins
+    if isinstance(y, IntVal):
+        y = Series.exact(y.x.astype(np.float64))
+    c = cots[0]
+    P = _pow_exponents(y)
+    cx = cy = None
+    if need[0]:
+        if P is not None:
+            cx = S.rmul(c, _pow_const(x, P, shift=-1))
+        else:
+            cx = S.rmul(c, S.mul(y, S.exp(S.mul(S.add_const(y, -1.0), S.log(x)))))
+    if need[1]:
+        cy = S.rmul(c, S.mul(S.log(x), outs[0], absorb=True))
+    return [cx, cy]
+
+
+FWD["pow"] = _pow_fwd
+BWD["pow"] = _pow_bwd
+
+
+def _atan2_fwd(ctx, eqn, ins, act):
+    return [S.atan2(ins[0], ins[1])], None
+
+
+def _atan2_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    y, x = ins
+    r = S.inv(S.add(_sq(x), _sq(y)))
+    c = cots[0]
+    return [S.rmul(c, S.mul(x, r)) if need[0] else None,
+            S.neg(S.rmul(c, S.mul(y, r))) if need[1] else None]
+
+
+FWD["atan2"] = _atan2_fwd
+BWD["atan2"] = _atan2_bwd
+
+
+def _cmp_sign(a, b):
+    """(sign of a - b as t -> 0+, undecided mask, exact-tie mask)."""
+    d = S.sub(a, b)
+    sg, und = S.sign_of(d)
+    return sg, und, (sg == 0) & ~und
+
+
+def _maxmin(a: Series, b: Series, big: bool):
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    a, b = S.bcast(a, shape), S.bcast(b, shape)
+    sg, und, tie = _cmp_sign(a, b)
+    pick_a = (sg > 0) if big else (sg < 0)
+    out = S.select(pick_a | tie, a, b)
+    out = S.flag(out, und, UNDEC)
+    wa = np.where(tie, 0.5, np.where(pick_a, 1.0, 0.0))
+    return out, (wa, 1.0 - wa, und)
+
+
+def _max_fwd(ctx, eqn, ins, act):
+    a, b = ins
+    if isinstance(a, IntVal):
+        return _const_eval(eqn, ins), None
+    out, aux = _maxmin(a, b, eqn.primitive.name == "max")
+    return [out], aux
+
+
+def _weighted(c: Series, w, und) -> Series:
+    return S.flag(S.rmul(c, Series.exact(np.asarray(w, np.float64))), np.broadcast_to(und, np.broadcast_shapes(c.shape, np.shape(w))),
+                  UNDEC)
+
+
+def _max_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    wa, wb, und = aux
+    c = cots[0]
+    return [_weighted(c, wa, und) if need[0] else None, _weighted(c, wb, und) if need[1] else None]
+
+
+for _n in ("max", "min"):
+    FWD[_n] = _max_fwd
+    BWD[_n] = _max_bwd
+
+
+def _clamp_fwd(ctx, eqn, ins, act):
+    lo, x, hi = ins
+    if isinstance(x, IntVal):
+        return _const_eval(eqn, ins), None
+    m1, (w_x1, w_lo, u1) = _maxmin(x, lo, True)
+    m2, (w_m1, w_hi, u2) = _maxmin(m1, hi, False)
+    return [m2], (w_x1, w_lo, u1, w_m1, w_hi, u2)
+
+
+def _clamp_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    w_x1, w_lo, u1, w_m1, w_hi, u2 = aux
+    c = cots[0]
+    c_m1 = _weighted(c, w_m1, u2)
+    return [_weighted(c_m1, w_lo, u1) if need[0] else None,
+            _weighted(c_m1, w_x1, u1) if need[1] else None,
+            _weighted(c, w_hi, u2) if need[2] else None]
+
+
+FWD["clamp"] = _clamp_fwd
+BWD["clamp"] = _clamp_bwd
+
+_CMP = {"gt": lambda s: s > 0, "ge": lambda s: s >= 0, "lt": lambda s: s < 0,
+        "le": lambda s: s <= 0, "eq": lambda s: s == 0, "ne": lambda s: s != 0}
+
+
+def _cmp_fwd(ctx, eqn, ins, act):
+    a, b = ins
+    if isinstance(a, IntVal) or isinstance(b, IntVal):
+        return _const_eval(eqn, ins), None
+    sg, und, _ = _cmp_sign(a, b)
+    res = _CMP[eqn.primitive.name](sg)
+    return [IntVal(res, np.where(und, UNDEC, OK))], None
+
+
+for _n in _CMP:
+    FWD[_n] = _cmp_fwd
+
+
+def _select_fwd(ctx, eqn, ins, act):
+    pred, *cases = ins
+    if all(isinstance(c, IntVal) for c in cases):
+        if pred.bad.any() or any(c.bad.any() for c in cases):
+            bad = np.maximum.reduce([np.broadcast_to(x.bad, cases[0].shape) for x in ins])
+            out = _bind(eqn, [pred.x] + [c.x for c in cases])[0]
+            return [IntVal(np.asarray(out), bad)], None
+        return _const_eval(eqn, ins), None
+    cases = [Series.exact(c.x.astype(np.float64)) if isinstance(c, IntVal) else c for c in cases]
+    shape = cases[0].shape
+    p = np.broadcast_to(pred.x.astype(np.int64), shape)
+    out = cases[-1]
+    for k in range(len(cases) - 2, -1, -1):
+        out = S.select(p == k, cases[k], out)
+    out = S.flag(out, np.broadcast_to(pred.bad != OK, shape), UNDEC)
+    return [out], None
+
+
+def _select_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    pred = ins[0]
+    c = cots[0]
+    p = np.broadcast_to(pred.x.astype(np.int64), c.shape)
+    und = np.broadcast_to(pred.bad != OK, c.shape)
+    res: list = [None]
+    for k in range(len(ins) - 1):
+        if need[k + 1]:
+            res.append(S.flag(S.restrict(c, p == k), und, UNDEC))
+        else:
+            res.append(None)
+    return res
+
+
+def _is_finite_fwd(ctx, eqn, ins, act):
+    x = ins[0]
+    if isinstance(x, IntVal):
+        return _const_eval(eqn, ins), None
+    return [IntVal(x.bad == OK, np.where(x.bad == OK, OK, UNDEC))], None
+
+
+FWD["is_finite"] = _is_finite_fwd
+FWD["select_n"] = _select_fwd
+BWD["select_n"] = _select_bwd
+
+
+# -- structural (linear) ----------------------------------------------------------------------
+
+
+def _lin_rule(fwd_np: Callable, bwd_np: Callable, reduce: bool = False):
+    """A linear structural primitive: fwd_np(eqn, array) and bwd_np(eqn, cot array, in shape)."""
+
+    def fwd(ctx, eqn, ins, act):
+        x = ins[0]
+        if isinstance(x, IntVal):
+            return [IntVal(fwd_np(eqn, x.x), fwd_np(eqn, x.bad) if not reduce else
+                           fwd_np(eqn, x.bad, np.max))], None
+        if reduce:
+            return [S.apply_linear(x, lambda a: fwd_np(eqn, a),
+                                   lambda h: fwd_np(eqn, h, np.min),
+                                   lambda b: fwd_np(eqn, b, np.max))], None
+        return [S.apply_linear(x, lambda a: fwd_np(eqn, a))], None
+
+    def bwd(ctx, eqn, ins, outs, aux, cots, need):
+        shape = ins[0].shape
+        c = cots[0]
+        if reduce:
+            return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape))] + [None] * (len(ins) - 1)
+        return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape),
+                               lambda h: bwd_np(eqn, h, shape, fill=np.inf),
+                               lambda b: bwd_np(eqn, b, shape))] + [None] * (len(ins) - 1)
+
+    return fwd, bwd
+
+
+def _reshape_f(eqn, a, *_):
+    return np.reshape(a, eqn.params["new_sizes"]) if "new_sizes" in eqn.params else np.reshape(
+        a, eqn.outvars[0].aval.shape)
+
+
+def _reshape_b(eqn, a, shape, fill=0.0):
+    return np.reshape(a, shape)
+
+
+def _transpose_f(eqn, a, *_):
+    return np.transpose(a, eqn.params["permutation"])
+
+
+def _transpose_b(eqn, a, shape, fill=0.0):
+    return np.transpose(a, np.argsort(eqn.params["permutation"]))
+
+
+def _bcast_f(eqn, a, *_):
+    shape = eqn.params["shape"]
+    dims = eqn.params["broadcast_dimensions"]
+    exp_shape = [1] * len(shape)
+    for i, d in enumerate(dims):
+        exp_shape[d] = np.shape(a)[i]
+    return np.broadcast_to(np.reshape(a, exp_shape), shape)
+
+
+def _bcast_b(eqn, a, shape, fill=0.0):
+    dims = eqn.params["broadcast_dimensions"]
+    out_shape = np.shape(a)
+    red = [d for d in range(len(out_shape)) if d not in dims]
+    red += [d for i, d in enumerate(dims) if shape[i] == 1 and out_shape[d] != 1]
+    fn = np.min if fill == np.inf else np.sum
+    r = fn(a, axis=tuple(sorted(red))) if red else a
+    if fill == np.inf or r.dtype == np.int8:
+        pass
+    return np.reshape(r, shape)
+
+
+def _squeeze_f(eqn, a, *_):
+    return np.reshape(a, eqn.outvars[0].aval.shape)
+
+
+def _expand_f(eqn, a, *_):
+    return np.reshape(a, eqn.outvars[0].aval.shape)
+
+
+def _slice_f(eqn, a, *_):
+    st = eqn.params["start_indices"]
+    lim = eqn.params["limit_indices"]
+    strides = eqn.params.get("strides") or (1,) * len(st)
+    return a[tuple(slice(s, li, k) for s, li, k in zip(st, lim, strides))]
+
+
+def _slice_b(eqn, a, shape, fill=0.0):
+    st = eqn.params["start_indices"]
+    lim = eqn.params["limit_indices"]
+    strides = eqn.params.get("strides") or (1,) * len(st)
+    out = np.full(shape, fill, dtype=np.asarray(a).dtype)
+    out[tuple(slice(s, li, k) for s, li, k in zip(st, lim, strides))] = a
+    return out
+
+
+def _rev_f(eqn, a, *_):
+    return np.flip(a, eqn.params["dimensions"]) if eqn.params["dimensions"] else a
+
+
+def _rev_b(eqn, a, shape, fill=0.0):
+    return _rev_f(eqn, a)
+
+
+def _reduce_sum_f(eqn, a, red=np.sum):
+    return red(a, axis=tuple(eqn.params["axes"]))
+
+
+def _reduce_sum_b(eqn, a, shape, fill=0.0):
+    axes = tuple(eqn.params["axes"])
+    exp_shape = [1 if i in axes else n for i, n in enumerate(shape)]
+    return np.broadcast_to(np.reshape(a, exp_shape), shape)
+
+
+def _cumsum_f(eqn, a, *_):
+    ax = eqn.params["axis"]
+    if eqn.params.get("reverse"):
+        return np.flip(np.cumsum(np.flip(a, ax), axis=ax), ax)
+    return np.cumsum(a, axis=ax)
+
+
+def _cumsum_b(eqn, a, shape, fill=0.0):
+    ax = eqn.params["axis"]
+    if eqn.params.get("reverse"):
+        return np.cumsum(a, axis=ax)
+    return np.flip(np.cumsum(np.flip(a, ax), axis=ax), ax)
+
+
+for _n, _fw, _bw in (("reshape", _reshape_f, _reshape_b), ("transpose", _transpose_f, _transpose_b),
+                     ("broadcast_in_dim", _bcast_f, _bcast_b), ("squeeze", _squeeze_f, _reshape_b),
+                     ("expand_dims", _expand_f, _reshape_b), ("slice", _slice_f, _slice_b),
+                     ("rev", _rev_f, _rev_b)):
+    FWD[_n], BWD[_n] = _lin_rule(_fw, _bw)
+
+FWD["reduce_sum"], BWD["reduce_sum"] = _lin_rule(_reduce_sum_f, _reduce_sum_b, reduce=True)
+
+
+def _cumsum_fwd(ctx, eqn, ins, act):
+    x = ins[0]
+    ax = eqn.params["axis"]
+    rev = eqn.params.get("reverse", False)
+
+    def acc(a, ufunc):
+        if rev:
+            return np.flip(ufunc.accumulate(np.flip(a, ax), axis=ax), ax)
+        return ufunc.accumulate(a, axis=ax)
+
+    return [S.apply_linear(x, lambda a: _cumsum_f(eqn, a), lambda h: acc(h, np.minimum),
+                           lambda b: acc(b, np.maximum))], None
+
+
+def _cumsum_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    return [S.apply_linear(cots[0], lambda a: _cumsum_b(eqn, a, None),
+                           lambda h: np.full(h.shape, np.min(h) if h.size else np.inf),
+                           lambda b: np.full(b.shape, np.max(b) if b.size else 0))]
+
+
+FWD["cumsum"] = _cumsum_fwd
+BWD["cumsum"] = _cumsum_bwd
+
+
+def _concat_fwd(ctx, eqn, ins, act):
+    d = eqn.params["dimension"]
+    if all(isinstance(x, IntVal) for x in ins):
+        return [IntVal(np.concatenate([x.x for x in ins], d),
+                       np.concatenate([x.bad for x in ins], d))], None
+    ss = [Series.exact(x.x.astype(np.float64)) if isinstance(x, IntVal) else x for x in ins]
+    keys = set().union(*(s.terms for s in ss))
+    terms = {k: np.concatenate([np.broadcast_to(s.terms.get(k, 0.0), s.shape) for s in ss], d)
+             for k in keys}
+    H = np.concatenate([s.H for s in ss], d)
+    bad = np.concatenate([s.bad for s in ss], d)
+    return [S.mk(terms, H, bad, H.shape)], None
+
+
+def _split_series(c: Series, sizes: list, axis: int) -> list:
+    idx = np.cumsum(sizes)[:-1]
+    parts = []
+    for k in range(len(sizes)):
+        lo = 0 if k == 0 else idx[k - 1]
+        hi = lo + sizes[k]
+        sl = [slice(None)] * len(c.shape)
+        sl[axis] = slice(lo, hi)
+        parts.append(S.apply_linear(c, lambda a, sl=tuple(sl): a[sl]))
+    return parts
+
+
+def _concat_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    d = eqn.params["dimension"]
+    return _split_series(cots[0], [x.shape[d] for x in ins], d)
+
+
+FWD["concatenate"] = _concat_fwd
+BWD["concatenate"] = _concat_bwd
+
+
+def _split_fwd(ctx, eqn, ins, act):
+    x = ins[0]
+    sizes = list(eqn.params["sizes"])
+    ax = eqn.params["axis"]
+    if isinstance(x, IntVal):
+        idx = np.cumsum(sizes)[:-1]
+        return [IntVal(a, b) for a, b in zip(np.split(x.x, idx, ax), np.split(x.bad, idx, ax))], None
+    return _split_series(x, sizes, ax), None
+
+
+def _split_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    ax = eqn.params["axis"]
+    return [_concat_fwd(ctx, eqn.replace(params={"dimension": ax}), cots, None)[0][0]]
+
+
+FWD["split"] = _split_fwd
+BWD["split"] = _split_bwd
+
+
+def _stack_fwd(ctx, eqn, ins, act):
+    ax = eqn.params.get("axis", 0)
+    if all(isinstance(x, IntVal) for x in ins):
+        return [IntVal(np.stack([x.x for x in ins], ax), np.stack([x.bad for x in ins], ax))], None
+    ss = [Series.exact(x.x.astype(np.float64)) if isinstance(x, IntVal) else x for x in ins]
+    return [S.stack(ss, ax)], None
+
+
+def _stack_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    ax = eqn.params.get("axis", 0)
+    return [S.apply_linear(cots[0], lambda a, k=k: np.take(a, k, axis=ax))
+            for k in range(len(ins))]
+
+
+FWD["stack"] = _stack_fwd
+BWD["stack"] = _stack_bwd
+
+
+# -- dot_general ------------------------------------------------------------------------------
+
+
+def _dot_subscripts(eqn, ra: int, rb: int):
+    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
+    letters = iter(string.ascii_letters)
+    la = [None] * ra
+    lb_ = [None] * rb
+    for i, j in zip(lb, rb_):
+        la[i] = lb_[j] = next(letters)
+    for i, j in zip(lc, rc):
+        la[i] = lb_[j] = next(letters)
+    for i in range(ra):
+        if la[i] is None:
+            la[i] = next(letters)
+    for j in range(rb):
+        if lb_[j] is None:
+            lb_[j] = next(letters)
+    out = [la[i] for i in lb] + [la[i] for i in range(ra) if i not in lb and i not in lc] + \
+        [lb_[j] for j in range(rb) if j not in rb_ and j not in rc]
+    return "".join(la), "".join(lb_), "".join(out)
+
+
+def _dot_series(eqn, a: Series, b: Series) -> Series:
+    sa, sb, so = _dot_subscripts(eqn, len(a.shape), len(b.shape))
+    spec = f"{sa},{sb}->{so}"
+    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    c_ = S.cap()
+    acc: dict = {}
+    mag: dict = {}
+    H = np.full(out_shape, np.inf)
+    for (ea, ja), ca in a.terms.items():
+        for (eb, jb), cb in b.terms.items():
+            e, j = ea + eb, ja + jb
+            if float(e) >= c_ - S.EPS or j > S.D:
+                nz = np.einsum(spec, np.abs(ca), np.abs(cb)) != 0
+                H = np.where(nz, np.minimum(H, float(e)), H)
+                continue
+            p = np.einsum(spec, ca, cb)
+            m = np.einsum(spec, np.abs(ca), np.abs(cb))
+            k = (e, j)
+            if k in acc:
+                acc[k] = acc[k] + p
+                mag[k] = mag[k] + m
+            else:
+                acc[k], mag[k] = p, m
+    for k in acc:
+        acc[k] = np.where(np.abs(acc[k]) <= S.TOL * mag[k], 0.0, acc[k])
+    # horizon: min over the contraction of (H_a + val_b, H_b + val_a), bounded by row/col minima
+    Hp = _dot_bound(eqn, a.H, S.veff(b), b.H, S.veff(a), np.min, out_shape)
+    H = np.minimum(H, Hp)
+    bad = np.maximum(_dot_reduce(eqn, a.bad, 0, np.max, out_shape),
+                     _dot_reduce(eqn, b.bad, 1, np.max, out_shape))
+    return S.mk(acc, H, bad, out_shape)
+
+
+def _dot_reduce(eqn, x, side: int, red, out_shape):
+    """Reduce operand x over its contracting dims and place it in the output's layout."""
+    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
+    contr = lc if side == 0 else rc
+    batch = lb if side == 0 else rb_
+    r = len(np.shape(x))
+    free = [i for i in range(r) if i not in contr and i not in batch]
+    y = red(x, axis=tuple(contr)) if contr else np.asarray(x)
+    kept = [i for i in range(r) if i not in contr]
+    perm = [kept.index(i) for i in batch] + [kept.index(i) for i in free]
+    y = np.transpose(y, perm)
+    nb = len(batch)
+    nfa = r - len(contr) - nb if side == 0 else None
+    if side == 0:
+        shape = list(y.shape) + [1] * (len(out_shape) - nb - nfa)
+    else:
+        nfree_b = len(free)
+        shape = list(y.shape[:nb]) + [1] * (len(out_shape) - nb - nfree_b) + list(y.shape[nb:])
+    return np.broadcast_to(np.reshape(y, shape), out_shape)
+
+
+def _dot_bound(eqn, Ha, vb, Hb, va, red, out_shape):
+    with np.errstate(invalid="ignore"):
+        t1 = _dot_reduce(eqn, Ha, 0, np.min, out_shape) + _dot_reduce(eqn, vb, 1, np.min, out_shape)
+        t2 = _dot_reduce(eqn, Hb, 1, np.min, out_shape) + _dot_reduce(eqn, va, 0, np.min, out_shape)
+    r = np.minimum(t1, t2)
+    return np.where(np.isnan(r), np.inf, r)
+
+
+def _dot_fwd(ctx, eqn, ins, act):
+    a, b = ins
+    if isinstance(a, IntVal) and isinstance(b, IntVal):
+        return _const_eval(eqn, ins), None
+    a = Series.exact(a.x.astype(np.float64)) if isinstance(a, IntVal) else a
+    b = Series.exact(b.x.astype(np.float64)) if isinstance(b, IntVal) else b
+    return [_dot_series(eqn, a, b)], None
+
+
+def _dot_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    a, b = ins
+    c = cots[0]
+    sa, sb, so = _dot_subscripts(eqn, len(a.shape), len(b.shape))
+    res = [None, None]
+    if need[0]:
+        res[0] = _einsum_series(f"{so},{sb}->{sa}", c, b, a.shape)
+    if need[1]:
+        res[1] = _einsum_series(f"{so},{sa}->{sb}", c, a, b.shape)
+    return res
+
+
+def _einsum_series(spec: str, x: Series, y: Series, out_shape) -> Series:
+    c_ = S.cap()
+    acc: dict = {}
+    mag: dict = {}
+    H = np.full(out_shape, np.inf)
+    for (ea, ja), ca in x.terms.items():
+        for (eb, jb), cb in y.terms.items():
+            e, j = ea + eb, ja + jb
+            if float(e) >= c_ - S.EPS or j > S.D:
+                nz = np.einsum(spec, np.abs(ca), np.abs(cb)) != 0
+                H = np.where(nz, np.minimum(H, float(e)), H)
+                continue
+            p = np.einsum(spec, ca, cb)
+            m = np.einsum(spec, np.abs(ca), np.abs(cb))
+            k = (e, j)
+            if k in acc:
+                acc[k] = acc[k] + p
+                mag[k] = mag[k] + m
+            else:
+                acc[k], mag[k] = p, m
+    for k in acc:
+        acc[k] = np.where(np.abs(acc[k]) <= S.TOL * mag[k], 0.0, acc[k])
+    # horizon and flags: conservative (global over the contraction)
+    ins_, _out = spec.split("->")
+    sx, sy = ins_.split(",")
+    Hx = _minplace(x.H, sx, _out, np.min)
+    Hy = _minplace(y.H, sy, _out, np.min)
+    vx = _minplace(S.veff(x), sx, _out, np.min)
+    vy = _minplace(S.veff(y), sy, _out, np.min)
+    with np.errstate(invalid="ignore"):
+        Hb = np.minimum(Hx + vy, Hy + vx)
+    Hb = np.where(np.isnan(Hb), np.inf, Hb)
+    H = np.minimum(H, np.broadcast_to(Hb, out_shape))
+    bad = np.maximum(_minplace(x.bad, sx, _out, np.max), _minplace(y.bad, sy, _out, np.max))
+    bad = np.broadcast_to(bad, out_shape)
+    return S.mk(acc, H, bad, tuple(out_shape))
+
+
+def _minplace(x, sub: str, out: str, red):
+    """Reduce x over the indices not in `out`, then arrange it in out's layout (size-1 where
+    absent)."""
+    x = np.asarray(x)
+    axes = tuple(i for i, ch in enumerate(sub) if ch not in out)
+    y = red(x, axis=axes) if axes else x
+    kept = [ch for ch in sub if ch in out]
+    order = [ch for ch in out if ch in kept]
+    y = np.transpose(y, [kept.index(ch) for ch in order]) if kept else y
+    shape = [y.shape[order.index(ch)] if ch in order else 1 for ch in out]
+    return np.reshape(y, shape)
+
+
+FWD["dot_general"] = _dot_fwd
+BWD["dot_general"] = _dot_bwd
+
+
+# -- reductions with a choice: reduce_max/min, argmax/argmin, sort -----------------------------
+
+
+def _signed_terms(x: Series):
+    """[(exponent, signed coefficient array)] in dominance order: lexicographic order of these
+    is the order of the values as t -> 0+."""
+    return [(float(k[0]), x.terms[k] * (-1.0 if k[1] % 2 else 1.0)) for k in x.keys()]
+
+
+def _tournament(x: Series, axes: tuple, big: bool):
+    """Candidates (bool, x's shape) for the max (big) or min over axes, undecided mask (reduced
+    shape, keepdims)."""
+    shape = x.shape
+    cand = np.ones(shape, bool)
+    undec = np.zeros(shape, bool)
+    undec = np.broadcast_to(np.any(x.bad != OK, axis=axes, keepdims=True), shape).copy()
+    keys = _signed_terms(x)
+    exps = sorted({e for e, _ in keys} | {0.0})
+    byexp: dict = {}
+    for e, c in keys:
+        byexp.setdefault(e, []).append(c)
+    for e in exps:
+        count = np.sum(cand, axis=axes, keepdims=True)
+        beyond = np.any(cand & (x.H <= e + S.EPS), axis=axes, keepdims=True)
+        undec |= np.broadcast_to(beyond & (count > 1), shape)
+        for c in byexp.get(e, []):
+            c = np.broadcast_to(c, shape)
+            masked = np.where(cand, c, -np.inf if big else np.inf)
+            best = (np.max if big else np.min)(masked, axis=axes, keepdims=True)
+            cand &= c == best
+    count = np.sum(cand, axis=axes, keepdims=True)
+    inexact = np.any(cand & np.isfinite(x.H), axis=axes, keepdims=True)
+    undec |= np.broadcast_to(inexact & (count > 1), shape)
+    return cand, np.any(undec, axis=axes)
+
+
+def _reduce_max_fwd(ctx, eqn, ins, act):
+    x = ins[0]
+    if isinstance(x, IntVal):
+        return _const_eval(eqn, ins), None
+    axes = tuple(eqn.params["axes"])
+    big = eqn.primitive.name == "reduce_max"
+    cand, und = _tournament(x, axes, big)
+    w = cand / np.sum(cand, axis=axes, keepdims=True)
+    out = S.apply_linear(S.scale(x, w),
+                         lambda a: np.sum(a, axis=axes),
+                         lambda h: np.min(np.where(cand, h, np.inf), axis=axes),
+                         lambda b: np.max(b, axis=axes))
+    return [S.flag(out, und, UNDEC)], (w, und)
+
+
+def _reduce_max_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    w, und = aux
+    axes = tuple(eqn.params["axes"])
+    shape = ins[0].shape
+    exp_shape = [1 if i in axes else n for i, n in enumerate(shape)]
+    c = S.apply_linear(cots[0], lambda a: np.broadcast_to(np.reshape(a, exp_shape), shape))
+    c = S.flag(S.scale(c, w), np.broadcast_to(np.reshape(und, exp_shape), shape), UNDEC)
+    return [c]
+
+
+for _n in ("reduce_max", "reduce_min"):
+    FWD[_n] = _reduce_max_fwd
+    BWD[_n] = _reduce_max_bwd
+
+
+def _argmax_fwd(ctx, eqn, ins, act):
+    x = ins[0]
+    if isinstance(x, IntVal):
+        return _const_eval(eqn, ins), None
+    axes = tuple(eqn.params["axes"])
+    cand, und = _tournament(x, axes, eqn.primitive.name == "argmax")
+    idx = np.argmax(cand, axis=axes[0])
+    return [IntVal(idx.astype(np.dtype(eqn.params["index_dtype"])), np.where(und, UNDEC, OK))], None
+
+
+for _n in ("argmax", "argmin"):
+    FWD[_n] = _argmax_fwd
+
+
+def _sort_fwd(ctx, eqn, ins, act):
+    dim = eqn.params["dimension"]
+    nk = eqn.params.get("num_keys", 1)
+    keys = ins[:nk]
+    lex = []  # least significant first for np.lexsort
+    horizon = np.full(ins[0].shape, np.inf)
+    badk = np.zeros(ins[0].shape, bool)
+    for kx in keys:
+        if isinstance(kx, IntVal):
+            lex.append([kx.x.astype(np.float64)])
+            badk |= kx.bad != OK
+        else:
+            st = _signed_terms(kx)
+            lex.append([np.broadcast_to(c, kx.shape) for _, c in st] or [np.zeros(kx.shape)])
+            horizon = np.minimum(horizon, kx.H)
+            badk |= kx.bad != OK
+    flat = [c for group in lex for c in group]
+    perm = np.lexsort(flat[::-1], axis=dim)
+
+    def take(a):
+        return np.take_along_axis(np.asarray(a), perm, axis=dim)
+
+    sorted_keys = [take(c) for c in flat]
+    hs = take(horizon)
+    und = take(badk)
+    # adjacent ties in every known term that are not exact
+    if ins[0].shape[dim] > 1:
+        eq = np.ones(np.shape(sorted_keys[0]), bool)
+        for c in sorted_keys:
+            d = np.diff(c, axis=dim) == 0
+            eq = eq[tuple(slice(None) if i != dim else slice(0, -1) for i in range(eq.ndim))] \
+                if eq.shape[dim] != d.shape[dim] else eq
+            eq = eq & d
+        lo = tuple(slice(None) if i != dim else slice(0, -1) for i in range(hs.ndim))
+        hi = tuple(slice(None) if i != dim else slice(1, None) for i in range(hs.ndim))
+        tie = eq & (np.isfinite(hs[lo]) | np.isfinite(hs[hi]))
+        und = und.copy()
+        und[lo] |= tie
+        und[hi] |= tie
+    outs = []
+    for x in ins:
+        if isinstance(x, IntVal):
+            outs.append(IntVal(take(x.x), np.maximum(take(x.bad), np.where(und, UNDEC, OK))))
+        else:
+            s = S.apply_linear(x, take)
+            outs.append(S.flag(s, und, UNDEC))
+    return outs, perm
+
+
+def _sort_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    perm = aux
+    dim = eqn.params["dimension"]
+    inv = np.argsort(perm, axis=dim)
+    res = []
+    for x, c, n in zip(ins, cots, need):
+        if n and c is not None and isinstance(x, Series):
+            res.append(S.apply_linear(c, lambda a: np.take_along_axis(
+                np.broadcast_to(a, inv.shape), inv, axis=dim)))
+        else:
+            res.append(None)
+    return res
+
+
+FWD["sort"] = _sort_fwd
+BWD["sort"] = _sort_bwd
+
+
+# -- higher-order primitives -----------------------------------------------------------------
+
+
+def _call_param(eqn):
+    for p in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        if p in eqn.params:
+            return eqn.params[p]
+    raise Undecided(f"`{eqn.primitive.name}` has no body to analyse")
+
+
+def _call_fwd(ctx, eqn, ins, act):
+    jaxpr, consts = _closed(_call_param(eqn))
+    outs, tape = fwd_jaxpr(ctx, jaxpr, consts, ins, act)
+    return outs, tape
+
+
+def _call_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    return bwd_jaxpr(ctx, aux, cots)
+
+
+for _n in ("pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat",
+           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "named_call"):
+    FWD[_n] = _call_fwd
+    BWD[_n] = _call_bwd
+
+
+def _index_of(x, what: str) -> int:
+    if isinstance(x, IntVal):
+        if x.bad.any():
+            raise Undecided(f"the {what} is undecided along the ray")
+        return int(np.asarray(x.x).reshape(()))
+    cv = _const_value(x)
+    if cv is None:
+        raise Undecided(f"the {what} depends on t")
+    return int(np.asarray(cv).reshape(()))
+
+
+def _cond_fwd(ctx, eqn, ins, act):
+    branches = eqn.params["branches"]
+    idx = int(np.clip(_index_of(ins[0], "cond index"), 0, len(branches) - 1))
+    jaxpr, consts = _closed(branches[idx])
+    outs, tape = fwd_jaxpr(ctx, jaxpr, consts, ins[1:], act[1:])
+    return outs, tape
+
+
+def _cond_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    return [None] + bwd_jaxpr(ctx, aux, cots)
+
+
+FWD["cond"] = _cond_fwd
+BWD["cond"] = _cond_bwd
+
+
+def _slice0(x, i):
+    if isinstance(x, IntVal):
+        return IntVal(x.x[i], x.bad[i])
+    return S.apply_linear(x, lambda a: a[i])
+
+
+def _scan_fwd(ctx, eqn, ins, act):
+    p = eqn.params
+    jaxpr, jconsts = _closed(p["jaxpr"])
+    nc, ncar, length = p["num_consts"], p["num_carry"], p["length"]
+    rev = p.get("reverse", False)
+    consts, carry, xs = ins[:nc], list(ins[nc:nc + ncar]), ins[nc + ncar:]
+    a_c, a_car, a_xs = act[:nc], list(act[nc:nc + ncar]), act[nc + ncar:]
+    tapes = []
+    ys_per: list = []
+    # a carry becomes active once anything feeding it is: iterate to a fixed point cheaply
+    a_car = [a or any(act) for a in a_car]
+    for k in range(length):
+        i = length - 1 - k if rev else k
+        x_i = [_slice0(x, i) for x in xs]
+        outs, tape = fwd_jaxpr(ctx, jaxpr, jconsts, [*consts, *carry, *x_i], [*a_c, *a_car, *a_xs])
+        tapes.append((i, tape))
+        carry = list(outs[:ncar])
+        ys_per.append((i, outs[ncar:]))
+    ys_per.sort(key=lambda t: t[0])
+    ys = []
+    for j, v in enumerate(jaxpr.outvars[ncar:]):
+        vals = [y[j] for _, y in ys_per]
+        aval = eqn.outvars[ncar + j].aval
+        if not vals:
+            ys.append(_lift(np.zeros(aval.shape, aval.dtype), aval))
+        elif isinstance(vals[0], IntVal):
+            ys.append(IntVal(np.stack([v.x for v in vals]), np.stack([v.bad for v in vals])))
+        else:
+            ys.append(S.stack(vals, 0))
+    return [*carry, *ys], tapes
+
+
+def _scan_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    p = eqn.params
+    nc, ncar = p["num_consts"], p["num_carry"]
+    tapes = aux
+    c_carry = list(cots[:ncar])
+    c_ys = cots[ncar:]
+    c_consts: list = [None] * nc
+    xs_cots: dict = {}
+    for i, tape in reversed(tapes):
+        yc = [None if c is None else _slice0(c, i) for c in c_ys]
+        outc = [*c_carry, *yc]
+        outc = [c if c is not None or not isinstance(tape.env.get(v), Series)
+                else Series.zeros(tape.env[v].shape) if not isinstance(v, jcore.Literal) else None
+                for c, v in zip(outc, tape.jaxpr.outvars)]
+        inc = bwd_jaxpr(ctx, tape, outc)
+        for k in range(nc):
+            if inc[k] is not None:
+                c_consts[k] = inc[k] if c_consts[k] is None else S.add(c_consts[k], inc[k])
+        c_carry = list(inc[nc:nc + ncar])
+        xs_cots[i] = inc[nc + ncar:]
+    res = [*c_consts, *c_carry]
+    xs = ins[nc + ncar:]
+    for j, x in enumerate(xs):
+        if not isinstance(x, Series) or not tapes:
+            res.append(None)
+            continue
+        parts = []
+        for i in range(len(tapes)):
+            c = xs_cots.get(i, [None] * len(xs))[j]
+            parts.append(c if c is not None else Series.zeros(x.shape[1:]))
+        res.append(S.stack(parts, 0))
+    return res
+
+
+FWD["scan"] = _scan_fwd
+BWD["scan"] = _scan_bwd
+
+
+def _while_fwd(ctx, eqn, ins, act):
+    p = eqn.params
+    cj, cc = _closed(p["cond_jaxpr"])
+    bj, bc = _closed(p["body_jaxpr"])
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = ins[:nc], ins[nc:nc + nb], list(ins[nc + nb:])
+    a_b, a_car = act[nc:nc + nb], [a or any(act) for a in act[nc + nb:]]
+    tapes = []
+    for _ in range(100000):
+        pred, _t = fwd_jaxpr(ctx, cj, cc, [*cconsts, *carry], [False] * (nc + len(carry)))
+        if not _index_of(pred[0], "while condition"):
+            break
+        outs, tape = fwd_jaxpr(ctx, bj, bc, [*bconsts, *carry], [*a_b, *a_car])
+        tapes.append(tape)
+        carry = list(outs)
+    return carry, tapes
+
+
+def _while_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    c_b: list = [None] * nb
+    c_carry = list(cots)
+    for tape in reversed(aux):
+        outc = [c if c is not None or not isinstance(tape.env.get(v), Series)
+                else Series.zeros(tape.env[v].shape) for c, v in zip(c_carry, tape.jaxpr.outvars)]
+        inc = bwd_jaxpr(ctx, tape, outc)
+        for k in range(nb):
+            if inc[k] is not None:
+                c_b[k] = inc[k] if c_b[k] is None else S.add(c_b[k], inc[k])
+        c_carry = list(inc[nb:])
+    return [None] * nc + c_b + c_carry
+
+
+FWD["while"] = _while_fwd
+BWD["while"] = _while_bwd
+
+
+# -- fallbacks ----------------------------------------------------------------------------------
+
+_GENERIC_LINEAR = {"pad", "gather", "dynamic_slice", "dynamic_update_slice", "scatter-add",
+                   "scatter_add", "reduce_window_sum", "select_and_gather_add", "rev",
+                   "squeeze", "expand_dims", "reduce_sum", "transpose", "reshape", "conj",
+                   "real", "imag", "cumsum"}
+_NOT_ELEMENTWISE = {"cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_prod", "fft",
+                    "top_k", "eigh", "svd", "qr", "cholesky", "triangular_solve", "lu",
+                    "reduce_and", "reduce_or", "reduce_xor", "while", "scan", "cond",
+                    "custom_linear_solve", "rng_bit_generator", "random_bits", "random_seed",
+                    "random_wrap", "random_unwrap", "sharding_constraint", "psum", "all_gather"}
+
+
+def _float_positions(ins) -> list[int]:
+    return [i for i, x in enumerate(ins) if isinstance(x, Series)]
+
+
+def _generic_linear_fwd(ctx, eqn, ins, act):
+    fl = _float_positions(ins)
+    keys = set().union(*(ins[i].terms for i in fl)) if fl else set()
+    out_aval = eqn.outvars[0].aval
+    terms = {}
+    for k in keys:
+        vals = [np.asarray(ins[i].terms.get(k, np.zeros(ins[i].shape))) if i in fl
+                else np.asarray(x.x) for i, x in enumerate(ins)]
+        with jax.default_device(jax.devices("cpu")[0]):
+            terms[k] = np.asarray(_bind(eqn, vals)[0], np.float64)
+    H = min((float(np.min(ins[i].H)) if ins[i].H.size else np.inf) for i in fl) if fl else np.inf
+    bad = max((int(np.max(ins[i].bad)) if ins[i].bad.size else 0) for i in fl) if fl else 0
+    for x in ins:
+        if isinstance(x, IntVal) and x.bad.any():
+            bad = max(bad, UNDEC)
+    shape = tuple(out_aval.shape)
+    return [S.mk(terms, np.full(shape, H), np.full(shape, bad, np.int8), shape)], None
+
+
+def _generic_linear_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    fl = _float_positions(ins)
+    c = cots[0]
+    zeros = [np.zeros(ins[i].shape) if i in fl else np.asarray(ins[i].x) for i in range(len(ins))]
+
+    def f(*fvals):
+        vals = list(zeros)
+        for i, v in zip(fl, fvals):
+            vals[i] = v
+        return _bind(eqn, vals)[0]
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        _, vjp = jax.vjp(f, *[zeros[i] for i in fl])
+        res: list = [None] * len(ins)
+        per = {i: {} for i in fl}
+        for k, ck in c.terms.items():
+            gs = vjp(np.asarray(ck))
+            for i, g in zip(fl, gs):
+                per[i][k] = np.asarray(g, np.float64)
+    Hc = float(np.min(c.H)) if c.H.size else np.inf
+    badc = int(np.max(c.bad)) if c.bad.size else 0
+    for i in fl:
+        if need[i]:
+            shape = ins[i].shape
+            res[i] = S.mk(per[i], np.full(shape, Hc), np.full(shape, badc, np.int8), shape)
+    return res
+
+
+def _fallback_fwd(ctx, eqn, ins, act):
+    name = eqn.primitive.name
+    if name in _GENERIC_LINEAR:
+        return _generic_linear_fwd(ctx, eqn, ins, act)
+    fl = _float_positions(ins)
+    outs = eqn.outvars
+    if (len(ins) == 1 and len(fl) == 1 and len(outs) == 1 and name not in _NOT_ELEMENTWISE
+            and tuple(outs[0].aval.shape) == ins[0].shape and not eqn.params.get("axes")
+            and _is_float_aval(outs[0].aval)):
+        ctx.unverified.add(name)
+        taylor = _jvp_taylor(eqn)
+        u = ins[0]
+        return [S.analytic(u, taylor)], taylor
+    raise Undecided(f"primitive `{name}` is not supported by certify")
+
+
+def _fallback_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    name = eqn.primitive.name
+    if name in _GENERIC_LINEAR:
+        return _generic_linear_bwd(ctx, eqn, ins, outs, aux, cots, need)
+    if aux is None:
+        raise Undecided(f"primitive `{name}` has no reverse rule in certify")
+    taylor = aux
+
+    def dtaylor(a0, n):
+        cs = taylor(a0, n + 1)
+        return [(k + 1) * cs[k + 1] for k in range(n + 1)]
+
+    return [S.rmul(cots[0], S.analytic(ins[0], dtaylor))]
+
+
+def _jvp_taylor(eqn):
+    """Taylor coefficients of an unknown elementwise primitive by nested JVPs (order <= 6)."""
+
+    def f(x):
+        return _bind(eqn, [x])[0]
+
+    def taylor(a0, n):
+        n_eff = min(n, 6)
+        a0 = np.asarray(a0, np.float64)
+        fs = [f]
+        for _ in range(n_eff):
+            prev = fs[-1]
+            fs.append(lambda x, prev=prev: jax.jvp(prev, (x,), (jax.numpy.ones_like(x),))[1])
+        with jax.default_device(jax.devices("cpu")[0]):
+            cs = [np.asarray(g(a0), np.float64) / math.factorial(k) for k, g in enumerate(fs)]
+        if n > n_eff:
+            cs += [np.full(a0.shape, np.nan)] * (n - n_eff)
+        return cs
+
+    return taylor
+
+
+# -- per-ray certification ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RayResult:
+    verdict: str
+    gradient: list | None = None  # per leaf: numpy array (t^0 coefficients)
+    fprime: float | None = None  # f'(x0; v) (+-inf for infinite slopes)
+    limit: float | None = None  # lim f(x0 + t v)
+    certificate: str = ""
+    notes: list = dataclasses.field(default_factory=list)
+    cap: float = 0.0
+    terms: int = 0
+
+    def to_dict(self, i: int) -> dict:
+        return {"direction": i, "verdict": self.verdict, "certificate": self.certificate,
+                "fprime": self.fprime, "limit": self.limit,
+                "gradient": None if self.gradient is None else
+                [np.asarray(g).tolist() for g in self.gradient],
+                "notes": list(self.notes), "horizon_cap": self.cap}
+
+
+def _worst_bad(bad) -> int:
+    return int(np.max(bad)) if np.size(bad) else OK
+
+
+def _bad_verdict(code: int, what: str) -> RayResult:
+    if code == DOMAIN:
+        return RayResult("DOMAIN", certificate=f"the ray leaves the domain of the function ({what})")
+    if code == POISON:
+        return RayResult("UNDECIDED", notes=[f"{what} is infinite or undefined all along the ray "
+                                              "(the ray runs inside a singular set)"])
+    return RayResult("UNDECIDED", notes=[f"{what}: the series rules could not decide (horizon "
+                                          "or an undecided branch)"])
+
+
+def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
+    jaxpr, consts = closed.jaxpr, list(closed.consts)
+    args = [Series.ray(x, v) for x, v in zip(x0s, vs)]
+    try:
+        outs, tape = fwd_jaxpr(ctx, jaxpr, consts, args, [True] * len(args))
+    except Undecided as e:
+        return RayResult("UNDECIDED", notes=[str(e)])
+    y = outs[0]
+    if isinstance(y, IntVal):
+        raise UsageError("gradsan.jax.certify: the loss returned an integer value")
+    if y.bad.any():
+        return _bad_verdict(_worst_bad(y.bad), "the value")
+    E, J, C = S.lead(y)
+    j0, c0 = int(J.reshape(())), float(C.reshape(()))
+    Hy = float(y.H.reshape(()))
+    lead_key = _lead_key(y)
+    if lead_key is not None and (lead_key[0] < 0 or (lead_key[0] == 0 and lead_key[1] > 0)):
+        return RayResult("SINGULAR", certificate="the value diverges along the ray: "
+                         f"f(x0 + t v) ~ {S.monomial(c0, lead_key[0], j0)}",
+                         fprime=math.copysign(math.inf, c0 * (-1) ** j0))
+    if Hy <= S.EPS:
+        return RayResult("UNDECIDED", notes=["the limit of f along the ray is beyond the "
+                                             "precision horizon"])
+    lim = float(y.coef().reshape(()))
+    removable = False
+    if math.isnan(fx0):
+        removable = True
+    elif not math.isfinite(fx0) or abs(lim - fx0) > 1e-9 * (1 + abs(fx0)):
+        return RayResult("DISCONTINUOUS", limit=lim,
+                         certificate=f"f(x0 + t v) -> {lim:.10g} as t -> 0+, but f(x0) = {fx0:.10g}")
+    inc = S.drop_const(y)
+    ik = _lead_key(inc)
+    fprime: float
+    if ik is not None and (ik[0] < 1 or (ik[0] == 1 and ik[1] > 0)):
+        c = float(inc.terms[ik].reshape(()))
+        sign = c * (-1) ** ik[1]
+        return RayResult("SINGULAR", limit=lim, fprime=math.copysign(math.inf, sign),
+                         certificate=f"f(x0 + t v) - f(x0) ~ {S.monomial(c, ik[0], ik[1])} "
+                         f"(infinite one-sided slope {'+' if sign > 0 else '-'}inf: not "
+                         "differentiable and not locally Lipschitz at x0)")
+    if ik is None and Hy <= 1 + S.EPS:
+        return RayResult("UNDECIDED", limit=lim, notes=["the increment f(x0 + t v) - f(x0) is "
+                                                        "zero up to the precision horizon"])
+    if ik is not None and ik == (Fraction(1), 0):
+        fprime = float(inc.terms[ik].reshape(()))
+    elif Hy <= 1 + S.EPS:
+        return RayResult("UNDECIDED", limit=lim, notes=["f'(x0; v) is beyond the horizon"])
+    else:
+        fprime = 0.0
+    # reverse sweep
+    try:
+        gs = bwd_jaxpr(ctx, tape, [Series.exact(1.0)])
+    except Undecided as e:
+        return RayResult("UNDECIDED", limit=lim, fprime=fprime, notes=[str(e)])
+    grads = []
+    for x0, g in zip(x0s, gs):
+        if g is None:
+            g = Series.zeros(np.shape(x0))
+        g = S.bcast(g, np.shape(x0))
+        if g.bad.any():
+            r = _bad_verdict(_worst_bad(g.bad), "the gradient")
+            r.limit, r.fprime = lim, fprime
+            return r
+        for (e, j), c in g.terms.items():
+            if (e < 0 or (e == 0 and j > 0)) and np.any(c != 0):
+                idx = tuple(int(i) for i in np.argwhere(c != 0)[0])
+                cc = float(c[idx])
+                return RayResult(
+                    "SINGULAR", limit=lim, fprime=fprime,
+                    certificate=f"the gradient diverges along the ray: component {list(idx)} ~ "
+                    f"{S.monomial(cc, min(k[0] for k in g.terms if np.any(g.terms[k] != 0)), j)} "
+                    "(not locally Lipschitz near x0, so no Clarke subgradient exists)")
+        if np.any(g.H <= S.EPS):
+            return RayResult("UNDECIDED", limit=lim, fprime=fprime,
+                             notes=["the gradient's limit is beyond the precision horizon"])
+        grads.append(np.array(g.coef(), dtype=np.float64).reshape(np.shape(x0)))
+    gv = float(sum(np.sum(g * v) for g, v in zip(grads, vs)))
+    scale = abs(fprime) + float(sum(np.sum(np.abs(g * v)) for g, v in zip(grads, vs))) + 1e-300
+    if abs(gv - fprime) > 1e-7 * scale + 1e-12:
+        return RayResult("UNDECIDED", limit=lim, fprime=fprime, notes=[
+            f"internal check failed: G(v) . v = {gv:.10g} but f'(x0; v) = {fprime:.10g} from the "
+            "forward series (an internal error in gradsan; no number is returned)"])
+    verdict = "REMOVABLE" if removable else "DEFINED"
+    cert = (f"f(x0) is NaN but f(x0 + t v) -> {lim:.10g}; " if removable else "") + \
+        f"lim grad f(x0 + t v) exists; f'(x0; v) = {fprime:.10g}"
+    return RayResult(verdict, gradient=grads, fprime=fprime, limit=lim, certificate=cert)
+
+
+def _frame_of(fun) -> Frame | None:
+    import inspect
+
+    try:
+        f = inspect.unwrap(fun)
+        code = f.__code__
+        return Frame(file=code.co_filename, line=code.co_firstlineno,
+                     function=getattr(f, "__name__", "function"))
+    except Exception:
+        return None
+
+
+def _arg_name(fun) -> str:
+    import inspect
+
+    try:
+        ps = [p.name for p in inspect.signature(fun).parameters.values()]
+        return ps[0] if ps else "args[0]"
+    except (TypeError, ValueError):
+        return "args[0]"
+
+
+def _lead_key(s: Series):
+    """(exponent, log power) of the dominant known term of a scalar series, or None."""
+    for k in s.keys():
+        if np.any(s.terms[k] != 0):
+            return k
+    return None
+
+
+def _certify_ray(ctx: Ctx, closed, x0s, vs, fx0, terms: int) -> RayResult:
+    cap0 = max(1.5, 1 + terms / 2)
+    res = None
+    for mult in (1, 2, 4):
+        with S.capped(cap0 * mult):
+            res = _ray(ctx, closed, x0s, vs, fx0)
+        res.cap = cap0 * mult
+        if res.verdict != "UNDECIDED" or any("not supported" in n or "internal check" in n or
+                                             "complex" in n for n in res.notes):
+            return res
+    return res
+
+
+# -- Tier C: combining directions -----------------------------------------------------------
+
+
+def min_norm_hull(points: list[np.ndarray], iters: int = 500) -> np.ndarray:
+    """The minimum-norm element of the convex hull of the points."""
+    P = np.stack([np.ravel(p) for p in points])
+    if len(P) == 1:
+        return P[0]
+    if len(P) == 2:
+        a, b = P
+        d = a - b
+        dd = float(d @ d)
+        lam = 0.0 if dd == 0 else float(np.clip(-(b @ d) / dd, 0.0, 1.0))
+        return b + lam * d
+    lam = np.full(len(P), 1.0 / len(P))
+    x = lam @ P
+    for _ in range(iters):  # Frank-Wolfe with exact line search
+        g = P @ x
+        i = int(np.argmin(g))
+        d = P[i] - x
+        dd = float(d @ d)
+        if dd == 0:
+            break
+        step = float(np.clip(-(x @ d) / dd, 0.0, 1.0))
+        if step == 0:
+            break
+        x = x + step * d
+    return x
+
+
+def _directions(leaves: list[np.ndarray], directions, num: int, key) -> list[list[np.ndarray]]:
+    if directions is not None:
+        out = []
+        for d in directions:
+            dl = jax.tree_util.tree_leaves(d)
+            if len(dl) != len(leaves):
+                raise UsageError("gradsan.jax.certify: each direction must have the structure of "
+                                 "the first argument (one array per parameter leaf)")
+            out.append([np.broadcast_to(np.asarray(x, np.float64), np.shape(l0)).copy()
+                        for x, l0 in zip(dl, leaves)])
+        return out
+    if key is None:
+        seed = 0
+    else:
+        try:
+            seed = int(np.asarray(jax.random.key_data(key)).ravel().sum())
+        except Exception:
+            seed = int(np.asarray(key).ravel().sum())
+    rng = np.random.default_rng(seed)
+    num = max(1, int(num))
+    dirs: list = []
+    while len(dirs) < num:
+        v = [rng.standard_normal(np.shape(x0)) for x0 in leaves]
+        n = math.sqrt(sum(float(np.sum(a * a)) for a in v)) or 1.0
+        v = [a / n for a in v]
+        dirs.append(v)
+        if len(dirs) < num:
+            dirs.append([-a for a in v])
+    return dirs
+
+
+def _same(g1: list, g2: list) -> bool:
+    for a, b in zip(g1, g2):
+        if not np.allclose(a, b, rtol=1e-7, atol=1e-9):
+            return False
+    return True
+
+
+def _resolve(fun: Callable) -> tuple[Callable, str]:
+    doc = getattr(fun, "__doc__", None) or ""
+    wrapped = getattr(fun, "__wrapped__", None)
+    if wrapped is not None and (doc.startswith("Gradient of") or
+                                doc.startswith("Value and gradient of")):
+        if "positional argument(s) 0." not in doc and "positional argument(s) 0 " not in doc:
+            raise UsageError(
+                "gradsan.jax.certify: only gradients with respect to the first argument are "
+                "supported (jax.grad(loss, argnums=0)); pass the loss itself, with the "
+                "parameters first: gradsan.jax.certify(loss)(params, *data)")
+        if getattr(fun, "__gradsan_has_aux__", False):
+            raise UsageError("gradsan.jax.certify: has_aux is not supported; pass the loss")
+        return wrapped, "grad"
+    return fun, "loss"
+
+
+def certify(fun: Callable, *, directions: Sequence | None = None, num_directions: int = 2,
+            terms: int = 4, key: Any = None) -> Callable[..., Report]:
+    """Certified limits of the gradient of a scalar loss at a point (theory.md 6.5, Tier B/C).
+
+    ``fun`` is a scalar loss (its gradient with respect to the first argument is certified) or
+    ``jax.grad(loss)``. Returns a function of the arguments that returns a :class:`Report`:
+    ``report.outputs`` is the certified gradient (same pytree as the first argument) or None;
+    the one finding (kind ``"certified"``) carries ``detail["label"]`` ("gradient",
+    "clarke-subgradient", "singular" or "undecided"), ``detail["verdicts"]`` per direction and
+    the certificate text.
+    """
+    if not callable(fun):
+        raise UsageError(f"gradsan.jax.certify takes a function, got {type(fun).__name__}. "
+                         "Wrap the loss, then call it: gradsan.jax.certify(loss)(params)")
+    loss, how = _resolve(fun)
+    name = getattr(loss, "__name__", "function")
+
+    def run(*args, **kwargs) -> Report:
+        if not args:
+            raise UsageError("gradsan.jax.certify: call with the parameters as first argument")
+        with jax.enable_x64(True):
+            return _run(loss, how, name, args, kwargs, directions, num_directions, terms, key)
+
+    return run
+
+
+def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key) -> Report:
+    params, rest = args[0], args[1:]
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    for x in leaves:
+        if isinstance(x, (str, bytes)) or not np.issubdtype(np.asarray(x).dtype, np.number):
+            raise UsageError("gradsan.jax.certify: the first argument must be an array or a "
+                             "pytree of float arrays")
+        if not np.issubdtype(np.asarray(x).dtype, np.floating):
+            raise UsageError("gradsan.jax.certify: the first argument has integer leaves; "
+                             "gradients need float parameters (jnp.asarray(x, float))")
+    x0s = [np.asarray(x, np.float64) for x in leaves]
+
+    def flat_loss(*ls):
+        return loss(jax.tree_util.tree_unflatten(treedef, list(ls)), *rest, **kwargs)
+
+    try:
+        closed = jax.make_jaxpr(flat_loss)(*x0s)
+    except TypeError as e:
+        raise UsageError(f"gradsan.jax.certify could not trace the function: {e}") from e
+    out_avals = closed.out_avals
+    if len(out_avals) != 1 or tuple(out_avals[0].shape) != () or not _is_float_aval(out_avals[0]):
+        what = ("a gradient program that is not jax.grad(loss)" if how == "loss" and
+                len(out_avals) != 1 or (out_avals and tuple(out_avals[0].shape) != ()) else
+                "a non-scalar")
+        raise UsageError(
+            f"gradsan.jax.certify needs a scalar loss or jax.grad(loss); {name} returns "
+            f"{len(out_avals)} output(s) of shape {[tuple(a.shape) for a in out_avals]} "
+            f"({what}). For a training step, certify the loss it differentiates: "
+            "gradsan.jax.certify(loss)(params, batch)")
+    with jax.default_device(jax.devices("cpu")[0]):
+        fx0 = float(np.asarray(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *x0s)[0]))
+    dirs = _directions(x0s, directions, num_directions, key)
+    ctx = Ctx()
+    results = [_certify_ray(ctx, closed, x0s, v, fx0, terms) for v in dirs]
+    return _combine(loss, name, treedef, x0s, dirs, results, ctx, fx0, terms)
+
+
+def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx, fx0, terms) -> Report:
+    verdicts = [r.to_dict(i) for i, r in enumerate(results)]
+    notes: list = []
+    differentiable: bool | None = None
+    outputs = None
+    defined = [r for r in results if r.verdict in ("DEFINED", "REMOVABLE")]
+    singular = [r for r in results if r.verdict in ("SINGULAR", "DISCONTINUOUS")]
+    undecided = [r for r in results if r.verdict == "UNDECIDED"]
+    domain = [r for r in results if r.verdict == "DOMAIN"]
+    if singular:
+        label = "singular"
+        r = singular[0]
+        differentiable = False if (r.verdict == "DISCONTINUOUS" or r.fprime is not None and
+                                   math.isinf(r.fprime) or "value diverges" in r.certificate) \
+            else None
+        cert = f"{r.verdict}: {r.certificate}"
+        if differentiable is False:
+            cert += "; f is not differentiable at x0"
+    elif undecided:
+        label = "undecided"
+        cert = "UNDECIDED: " + "; ".join(undecided[0].notes or ["the rules could not decide"])
+    elif not defined:
+        label = "singular"
+        cert = "DOMAIN: every ray tried leaves the domain of f"
+        differentiable = False
+    else:
+        grads = [r.gradient for r in defined]
+        all_same = all(_same(grads[0], g) for g in grads[1:])
+        opposite = []
+        for i, di in enumerate(dirs):
+            for k, dk in enumerate(dirs):
+                if k > i and all(np.array_equal(a, -b) for a, b in zip(di, dk)):
+                    ri, rk = results[i], results[k]
+                    if ri.fprime is not None and rk.fprime is not None and \
+                            ri.verdict in ("DEFINED", "REMOVABLE") and \
+                            rk.verdict in ("DEFINED", "REMOVABLE"):
+                        opposite.append(ri.fprime + rk.fprime)
+        kink = any(abs(s) > 1e-9 * (1 + max(abs(r.fprime or 0) for r in defined))
+                   for s in opposite)
+        if all_same and not kink:
+            label = "gradient"
+            outputs_flat = grads[0]
+            differentiable = None if domain else True
+            cert = ("the limit of the gradient along every ray tried is the same: "
+                    "lim_{t->0+} grad f(x0 + t v)")
+            if domain:
+                cert += (f" (one-sided: {len(domain)} of {len(results)} rays leave the domain, "
+                         "x0 is on the boundary of the domain)")
+            if any(r.verdict == "REMOVABLE" for r in defined):
+                cert += "; f(x0) is NaN but the singularity is removable"
+        else:
+            label = "clarke-subgradient"
+            differentiable = False
+            flat = min_norm_hull([np.concatenate([np.ravel(a) for a in g]) for g in grads])
+            outputs_flat = []
+            off = 0
+            for x0 in x0s:
+                outputs_flat.append(flat[off:off + x0.size].reshape(x0.shape))
+                off += x0.size
+            why = "two different limits of the gradient" if not all_same else \
+                "f'(x0; v) + f'(x0; -v) != 0"
+            cert = (f"not differentiable at x0 ({why}); the minimum-norm element of the convex "
+                    "hull of the limits is a Clarke subgradient (when f is locally Lipschitz "
+                    "near x0)")
+        outputs = jax.tree_util.tree_unflatten(treedef, [np.asarray(g) for g in outputs_flat])
+    if ctx.unverified:
+        notes.append("unverified: primitives treated as analytic via repeated JVPs: "
+                     + ", ".join(sorted(ctx.unverified)))
+    detail = {"label": label, "verdicts": verdicts, "certificate": cert,
+              "differentiable": differentiable, "f(x0)": fx0, "terms": terms,
+              "unverified": sorted(ctx.unverified)}
+    title = {"gradient": "certified gradient (ray limit)",
+             "clarke-subgradient": "not differentiable: a Clarke subgradient",
+             "singular": "no gradient: singular",
+             "undecided": "undecided"}[label]
+    expl_lines = [cert] + [f"  direction {v['direction']}: {v['verdict']}"
+                           + (f" -- {v['certificate']}" if v["certificate"] else "")
+                           + (f" [{'; '.join(v['notes'])}]" if v["notes"] else "")
+                           for v in verdicts]
+    finding = Finding(kind="certified", catalog_id=None, phase="gradient",  # type: ignore[arg-type]
+                      primitive="gradsan.jax.certify", where=_frame_of(loss), result=title,
+                      title=title, explanation="\n".join(expl_lines), detail=detail,
+                      outputs=[OutputHit(path=_arg_name(loss), count=sum(x.size for x in x0s),
+                                         size=sum(x.size for x in x0s), kind="grad")])
+    return Report(findings=[finding], outputs=outputs, function=name, backend="jax", notes=notes)

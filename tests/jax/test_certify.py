@@ -1,0 +1,234 @@
+"""gradsan.jax.certify: ray-Puiseux AD verdicts (theory.md 6.5, "Prototype evidence")."""
+
+import math
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import gradsan  # noqa: E402
+import gradsan.jax as gsj  # noqa: E402
+
+PM = [1.0, -1.0]  # the two rays of a scalar argument: v = +1 and v = -1
+RT2 = math.sqrt(2.0)
+
+
+def run(f, x0, directions=None, **kw):
+    r = gsj.certify(f, directions=directions, **kw)(x0)
+    (fd,) = r.findings
+    assert fd.kind == "certified"
+    return r, fd.detail
+
+
+def verdicts(d):
+    return [v["verdict"] for v in d["verdicts"]]
+
+
+def grads(d):
+    return [None if v["gradient"] is None else np.asarray(v["gradient"][0]) for v in d["verdicts"]]
+
+
+def fprimes(d):
+    return [v["fprime"] for v in d["verdicts"]]
+
+
+# (name, f, x0, directions, expected verdicts, expected per-ray gradients (None: no number),
+#  expected label, expected report.outputs (None: no number))
+V2 = [np.array([0.6, -0.8]), np.array([-0.6, 0.8])]
+CASES = [
+    ("sqrt(x)*sqrt(x)", lambda x: jnp.sqrt(x) * jnp.sqrt(x), 0.0, PM,
+     ["DEFINED", "DOMAIN"], [1.0, None], "gradient", 1.0),
+    ("exp(log x)", lambda x: jnp.exp(jnp.log(x)), 0.0, PM,
+     ["DEFINED", "DOMAIN"], [1.0, None], "gradient", 1.0),
+    ("exp(2 log x)", lambda x: jnp.exp(2 * jnp.log(x)), 0.0, PM,
+     ["DEFINED", "DOMAIN"], [0.0, None], "gradient", 0.0),
+    ("x log x", lambda x: x * jnp.log(x), 0.0, PM,
+     ["SINGULAR", "DOMAIN"], [None, None], "singular", None),
+    ("x sqrt x", lambda x: x * jnp.sqrt(x), 0.0, PM,
+     ["DEFINED", "DOMAIN"], [0.0, None], "gradient", 0.0),
+    ("sqrt(x^2)", lambda x: jnp.sqrt(x ** 2), 0.0, PM,
+     ["DEFINED", "DEFINED"], [1.0, -1.0], "clarke-subgradient", 0.0),
+    ("cbrt(x)^3", lambda x: jnp.cbrt(x) ** 3, 0.0, PM,
+     ["DEFINED", "DEFINED"], [1.0, 1.0], "gradient", 1.0),
+    ("x^.3 x^.7", lambda x: x ** 0.3 * x ** 0.7, 0.0, PM,
+     ["DEFINED", "DOMAIN"], [1.0, None], "gradient", 1.0),
+    ("x rsqrt x", lambda x: x * jax.lax.rsqrt(x), 0.0, PM,
+     ["SINGULAR", "DOMAIN"], [None, None], "singular", None),
+    ("x/x", lambda x: x / x, 0.0, PM,
+     ["REMOVABLE", "REMOVABLE"], [0.0, 0.0], "gradient", 0.0),
+    ("acos(1-x^2)", lambda x: jnp.arccos(1 - x ** 2), 0.0, PM,
+     ["DEFINED", "DEFINED"], [RT2, -RT2], "clarke-subgradient", 0.0),
+    ("relu(x)-relu(-x)", lambda x: jax.nn.relu(x) - jax.nn.relu(-x), 0.0, PM,
+     ["DEFINED", "DEFINED"], [1.0, 1.0], "gradient", 1.0),
+    ("where(x>0,sqrt x,0) at -1", lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0), -1.0, PM,
+     ["DEFINED", "DEFINED"], [0.0, 0.0], "gradient", 0.0),
+    ("where(x>0,sqrt x,0) at 0", lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0), 0.0, PM,
+     ["SINGULAR", "DEFINED"], [None, 0.0], "singular", None),
+    ("where(x>0,log x,0) at 0", lambda x: jnp.where(x > 0, jnp.log(x), 0.0), 0.0, PM,
+     ["SINGULAR", "DEFINED"], [None, 0.0], "singular", None),
+    ("norm(x,y)", lambda x: jnp.linalg.norm(x), np.zeros(2), V2,
+     ["DEFINED", "DEFINED"], [V2[0], V2[1]], "clarke-subgradient", np.zeros(2)),
+    ("sqrt(hypot(x,y))", lambda x: jnp.sqrt(jnp.hypot(x[0], x[1])), np.zeros(2), V2,
+     ["SINGULAR", "SINGULAR"], [None, None], "singular", None),
+    ("x^2/hypot(x,y)", lambda x: x[0] ** 2 / jnp.hypot(x[0], x[1]), np.zeros(2), V2,
+     ["REMOVABLE", "REMOVABLE"], "two-different", "clarke-subgradient", "any"),
+    ("atan2(y,x)", lambda x: jnp.arctan2(x[1], x[0]), np.zeros(2), V2,
+     ["DISCONTINUOUS", "DISCONTINUOUS"], [None, None], "singular", None),
+    ("sqrt(x^2+y^4)+y", lambda x: jnp.sqrt(x[0] ** 2 + x[1] ** 4) + x[1], np.zeros(2), V2,
+     ["DEFINED", "DEFINED"], [np.array([1.0, 1.0]), np.array([-1.0, 1.0])],
+     "clarke-subgradient", np.array([0.0, 1.0])),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_prototype_table(case):
+    name, f, x0, dirs, exp_verdicts, exp_grads, exp_label, exp_out = case
+    r, d = run(f, x0, dirs)
+    assert verdicts(d) == exp_verdicts, d["verdicts"]
+    assert d["label"] == exp_label
+    got = grads(d)
+    if exp_grads == "two-different":
+        assert not np.allclose(got[0], got[1])
+    else:
+        for g, e in zip(got, exp_grads):
+            if e is None:
+                assert g is None
+            else:
+                np.testing.assert_allclose(g, e, atol=1e-12)
+    if exp_out is None:
+        assert r.outputs is None
+    elif not isinstance(exp_out, str):
+        np.testing.assert_allclose(np.asarray(r.outputs), exp_out, atol=1e-12)
+    # G(v) . v = f'(x0; v) holds for every DEFINED ray (the internal check)
+    for v, dv in zip(d["verdicts"], dirs):
+        if v["verdict"] in ("DEFINED", "REMOVABLE"):
+            gv = float(np.sum(np.asarray(v["gradient"][0]) * np.asarray(dv)))
+            assert abs(gv - v["fprime"]) < 1e-9
+
+
+def test_singular_certificates_and_signs():
+    _, d = run(lambda x: x * jnp.log(x), 0.0, PM)
+    assert d["verdicts"][0]["fprime"] == -math.inf
+    assert "t log t" in d["verdicts"][0]["certificate"]
+    _, d = run(lambda x: x * jax.lax.rsqrt(x), 0.0, PM)
+    assert d["verdicts"][0]["fprime"] == math.inf
+    assert "t^(1/2)" in d["verdicts"][0]["certificate"]
+    _, d = run(lambda x: jnp.sqrt(jnp.hypot(x[0], x[1])), np.zeros(2), V2)
+    assert "f(x0 + t v) - f(x0) ~ 1 t^(1/2)" in d["certificate"]
+    assert d["differentiable"] is False
+    _, d = run(lambda x: jnp.where(x > 0, jnp.log(x), 0.0), 0.0, PM)
+    assert "value diverges" in d["verdicts"][0]["certificate"]
+
+
+def test_seed_zygote_case_against_mpmath():
+    mpmath = pytest.importorskip("mpmath")
+    A0 = jnp.array([[1.0, 0.0], [0.0, 3.0]])
+
+    def loss(theta):
+        return jnp.sqrt(jnp.sum((jnp.sqrt(A0 ** theta) - A0) ** 2))
+
+    assert np.isnan(jax.grad(loss)(4.0))  # plain AD: 0 * inf
+    r = gsj.certify(jax.grad(loss))(4.0)
+    (fd,) = r.findings
+    assert fd.detail["label"] == "gradient"
+    assert all(v == "DEFINED" for v in verdicts(fd.detail))
+    mpmath.mp.dps = 30
+    exact = mpmath.diff(lambda th: mpmath.sqrt((mpmath.sqrt(mpmath.mpf(3) ** th) - 3) ** 2),
+                        mpmath.mpf(4))
+    assert abs(float(r.outputs) - float(exact)) < 1e-12
+    assert abs(float(r.outputs) - 0.5 * math.log(3) * 9) < 1e-12
+    assert abs(float(r.outputs) - 4.9438) < 1e-4
+
+
+def test_brief_examples():
+    r, d = run(lambda x: jnp.sqrt(x) * jnp.sqrt(x), 0.0, PM)
+    assert float(r.outputs) == 1.0 and verdicts(d) == ["DEFINED", "DOMAIN"]
+    r, d = run(lambda x: x * jnp.sqrt(x), 0.0, [1.0])
+    assert float(r.outputs) == 0.0
+    r, d = run(lambda x: jnp.linalg.norm(x), np.zeros(3))  # default rays: v and -v
+    assert d["label"] == "clarke-subgradient" and d["differentiable"] is False
+    np.testing.assert_allclose(r.outputs, np.zeros(3), atol=1e-12)
+    assert "not differentiable" in d["certificate"]
+    r, d = run(lambda x: jnp.sqrt(jnp.linalg.norm(x)), np.zeros(3))
+    assert d["label"] == "singular" and r.outputs is None
+    for f in (lambda x: jnp.exp(jnp.log(x)), lambda x: jnp.cbrt(x) ** 3,
+              lambda x: x ** 0.3 * x ** 0.7):
+        r, d = run(f, 0.0, [1.0])
+        assert float(r.outputs) == pytest.approx(1.0, abs=1e-12)
+    r, d = run(lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0), 0.0, [1.0])
+    assert verdicts(d) == ["SINGULAR"] and r.outputs is None
+    r, d = run(lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0), -1.0)
+    assert float(r.outputs) == 0.0
+    r, d = run(lambda x: jax.nn.relu(x) - jax.nn.relu(-x), 0.0)
+    assert float(r.outputs) == 1.0 and d["label"] == "gradient"
+
+
+def test_smooth_programs_match_plain_ad():
+    W = jnp.arange(6.0).reshape(2, 3) / 5
+
+    def loss(p, x):
+        h = jnp.tanh(p["w"] @ x + p["b"])
+        return jnp.sum(jax.nn.sigmoid(h) ** 2) + jnp.sum(jnp.sin(h) * jnp.exp(-h))
+
+    p = {"w": W, "b": jnp.array([0.1, -0.2])}
+    x = jnp.array([1.0, -0.5, 2.0])
+    with jax.enable_x64(True):
+        p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), p)
+        ref = jax.grad(loss)(p64, jnp.asarray(x, jnp.float64))
+    r = gsj.certify(loss)(p, x)
+    assert r.findings[0].detail["label"] == "gradient"
+    for k in ("w", "b"):
+        np.testing.assert_allclose(r.outputs[k], ref[k], rtol=1e-10, atol=1e-12)
+
+
+def test_control_flow_scan_cond_while_sort_max():
+    with jax.enable_x64(True):
+        def f_scan(x):
+            return jax.lax.scan(lambda c, y: (jnp.sin(c * y), c), x, jnp.arange(1.0, 4.0))[0]
+
+        ref = jax.grad(f_scan)(0.5)
+        r, _ = run(f_scan, 0.5)
+        assert float(r.outputs) == pytest.approx(float(ref), rel=1e-10)
+        r, _ = run(lambda x: jax.lax.cond(x > 0, jnp.sin, jnp.cos, x), 0.3)
+        assert float(r.outputs) == pytest.approx(math.cos(0.3), rel=1e-12)
+        r, _ = run(lambda x: jax.lax.while_loop(lambda c: c[1] < 3,
+                                                lambda c: (c[0] * c[0], c[1] + 1), (x, 0))[0], 1.1)
+        assert float(r.outputs) == pytest.approx(8 * 1.1 ** 7, rel=1e-10)
+    r, d = run(lambda x: jnp.sort(x)[0] * 2 + jnp.sort(x)[2], jnp.array([3.0, 1.0, 2.0]))
+    np.testing.assert_allclose(r.outputs, [1.0, 2.0, 0.0])
+    r, d = run(lambda x: jnp.max(x), jnp.array([1.0, 1.0, 0.0]))  # a tie: a kink
+    assert d["label"] == "clarke-subgradient"
+    np.testing.assert_allclose(r.outputs, [0.5, 0.5, 0.0])
+    r, d = run(lambda x: jnp.cumsum(x ** 2)[-1], jnp.array([1.0, 3.0, 0.0]))
+    np.testing.assert_allclose(r.outputs, [2.0, 6.0, 0.0])
+
+
+def test_unknown_primitive_is_unverified():
+    r, d = run(jax.lax.lgamma, 2.5)
+    assert d["label"] == "gradient" and "lgamma" in d["unverified"]
+    assert float(r.outputs) == pytest.approx(0.7031566406452432, rel=1e-9)
+    assert any("unverified" in n for n in r.notes)
+
+
+def test_report_renders_and_serializes():
+    r = gsj.certify(lambda x: jnp.sqrt(jnp.linalg.norm(x)))(jnp.zeros(2))
+    s = str(r)
+    assert "singular" in s.lower()
+    assert "certified" in r.to_json()
+
+
+def test_usage_errors():
+    with pytest.raises(gradsan.UsageError):
+        gsj.certify(3)
+    with pytest.raises(gradsan.UsageError, match="first argument"):
+        gsj.certify(jax.grad(lambda a, b: a * b, argnums=1))(1.0, 2.0)
+    with pytest.raises(gradsan.UsageError, match="scalar loss"):
+        gsj.certify(lambda x: x * 2)(jnp.ones(2))
+
+    def step(p):
+        return p - 0.1 * jax.grad(lambda q: jnp.sum(q ** 2))(p)
+
+    with pytest.raises(gradsan.UsageError, match="training step"):
+        gsj.certify(step)(jnp.ones(2))

@@ -1,0 +1,110 @@
+"""The generalized power series type of gradsan.jax.certify (theory.md 6.5)."""
+
+from fractions import Fraction as Fr
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+
+from gradsan.jax import _series as S  # noqa: E402
+from gradsan.jax._series import DOMAIN, OK, POISON, Series  # noqa: E402
+
+T = Series.ray(0.0, 1.0)  # t
+
+
+def terms(s):
+    return {k: float(np.asarray(c)) for k, c in s.terms.items()}
+
+
+def test_ray_and_add_cancel_exactly():
+    x = Series.ray(0.2, 1.0)
+    y = S.sub(S.add_const(S.add_const(x, 0.1), -0.1), x)  # 0.2 + 0.1 - 0.1 - 0.2 in floats
+    assert y.terms == {}
+    assert np.isinf(y.H) and S.exact_zero(y)
+
+
+def test_sqrt_of_t_is_exact_monomial():
+    r = S.power(T, Fr(1, 2))
+    assert terms(r) == {(Fr(1, 2), 0): 1.0}
+    assert np.isinf(r.H)
+    assert terms(S.mul(r, r)) == {(Fr(1), 0): 1.0}
+
+
+def test_power_binomial_series_and_horizon():
+    with S.capped(3):
+        r = S.power(S.add_const(T, 1.0), Fr(1, 2))  # sqrt(1 + t) = 1 + t/2 - t^2/8 + ...
+    tm = terms(r)
+    assert tm[(Fr(0), 0)] == 1.0 and tm[(Fr(1), 0)] == 0.5 and tm[(Fr(2), 0)] == -0.125
+    assert float(r.H) == 3.0
+
+
+def test_domain_and_poison():
+    assert S.power(S.neg(T), Fr(1, 2)).bad == DOMAIN
+    assert S.power(S.neg(T), Fr(1, 3)).bad == OK  # odd root of a negative number
+    assert terms(S.power(S.neg(T), Fr(1, 3))) == {(Fr(1, 3), 0): -1.0}
+    z = Series.exact(0.0)
+    assert S.power(z, Fr(-1, 2)).bad == POISON
+    assert S.log(z).bad == POISON
+    # in a local partial, an identically zero factor absorbs an infinite one; not in a value
+    assert S.mul(z, S.power(z, Fr(-1, 2)), absorb=True).bad == OK
+    assert S.mul(z, S.power(z, Fr(-1, 2))).bad == POISON
+    assert S.rmul(z, S.power(S.neg(T), Fr(1, 2))).bad == OK  # a structurally zero cotangent
+
+
+def test_log_creates_a_log_term_and_exp_turns_it_into_a_power():
+    lg = S.log(S.scale(T, 2.0))
+    tm = terms(lg)
+    assert tm[(Fr(0), 1)] == 1.0 and abs(tm[(Fr(0), 0)] - np.log(2)) < 1e-15
+    e = S.exp(S.scale(S.log(T), 2.0))  # exp(2 log t) = t^2
+    assert terms(e) == {(Fr(2), 0): 1.0} or float(e.H) <= 2
+
+
+def test_exp_of_negative_pole_vanishes_beyond_all_orders():
+    e = S.exp(S.neg(S.inv(T)))  # exp(-1/t)
+    assert e.terms == {} and float(e.H) >= 1e6 and e.bad == OK
+
+
+def test_sign_of_leading_coefficient_decides():
+    with S.capped(4):
+        s = S.sub(S.mul(T, T), S.scale(T, 0.0))
+    sg, und = S.sign_of(s)
+    assert sg == 1 and not und
+    sg, und = S.sign_of(S.log(T))  # log t < 0
+    assert sg == -1 and not und
+    zero_to_h = S.mk({}, np.asarray(2.0), np.asarray(0, np.int8))
+    sg, und = S.sign_of(zero_to_h)
+    assert und
+
+
+@pytest.mark.parametrize("name,fn,ref", [
+    ("tanh", S.taylor_tanh, np.tanh), ("logistic", S.taylor_logistic, lambda x: 1 / (1 + np.exp(-x))),
+    ("sin", S.taylor_sin, np.sin), ("atan", S.taylor_atan, np.arctan),
+    ("asin", S.taylor_asin, np.arcsin), ("erf", S.taylor_erf, None),
+])
+def test_taylor_coefficients_against_finite_differences(name, fn, ref):
+    mpmath = pytest.importorskip("mpmath")
+    a0 = 0.3
+    cs = fn(np.asarray(a0), 4)
+    mp_f = {"tanh": mpmath.tanh, "logistic": lambda x: 1 / (1 + mpmath.exp(-x)), "sin": mpmath.sin,
+            "atan": mpmath.atan, "asin": mpmath.asin, "erf": mpmath.erf}[name]
+    mpmath.mp.dps = 30
+    for k in range(5):
+        d = mpmath.diff(mp_f, mpmath.mpf(a0), k) / mpmath.factorial(k)
+        assert abs(float(cs[k]) - float(d)) < 1e-12 * (1 + abs(float(d)))
+
+
+def test_atan2_limit_angle_along_a_ray():
+    y = S.scale(T, 1.0)
+    x = S.scale(T, -1.0)
+    a = S.atan2(y, x)
+    assert abs(float(a.coef()) - 3 * np.pi / 4) < 1e-15
+
+
+def test_vectorized_per_element_valuations():
+    x = Series.ray(np.array([0.0, 4.0]), np.array([1.0, 1.0]))
+    with S.capped(3):
+        r = S.power(x, Fr(1, 2))
+    assert float(r.coef(Fr(1, 2))[0]) == 1.0 and float(r.coef(Fr(1, 2))[1]) == 0.0
+    assert float(r.coef()[1]) == 2.0 and float(r.coef(Fr(1))[1]) == 0.25
+    assert np.isinf(r.H[0]) and r.H[1] == 3.0
