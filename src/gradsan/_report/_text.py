@@ -84,7 +84,29 @@ def headline(f: Finding) -> str:
     return s + "."
 
 
+def _render_certified(f: Finding, number: int | None) -> str:
+    """certify's verdict: the label, the verdict per direction, the certificate."""
+    import textwrap
+
+    label = f.detail.get("label", "")
+    names = _names(f.outputs) if f.outputs else "the output"
+    head = f"certified: {label} for {names}"
+    if f.where is not None:
+        head += f" at {f.where}"
+    if number is not None:
+        head = f"[{number}] " + head
+    lines = [head, ""]
+    for v in f.detail.get("verdicts", []):
+        lines.append(f"  direction {v.get('direction')}: {v.get('verdict')}  {v.get('certificate', '')}")
+    if f.detail.get("certificate"):
+        lines.append("")
+        lines += textwrap.wrap("Why: " + str(f.detail["certificate"]), 96)
+    return "\n".join(lines)
+
+
 def render_finding(f: Finding, number: int | None = None) -> str:
+    if f.kind == "certified":
+        return _render_certified(f, number)
     lines: list[str] = []
     head = headline(f)
     if number is not None:
