@@ -46,7 +46,11 @@ def main(selected: list[str] | None = None) -> int:
         unresolved = len(ns_report.by_kind("unresolved"))
         print(f"  plain gradient      {_fmt(report.outputs)}")
         print(f"  with the fix        {_fmt(fixed)}")
-        ns_note = (f"  ({resolved} structural zero(s) repaired, proven)" if resolved and not unresolved
+        limit = [f for f in ns_report.by_kind("resolved")
+                 if f.detail.get("rule", "").startswith("limit engine")]
+        ns_note = (f"  ({limit[0].detail['rule'].split(': ', 1)[1]}, certified by the limit engine)"
+                   if limit else
+                   f"  ({resolved} structural zero(s) repaired, proven)" if resolved and not unresolved
                    else f"  (left non-finite: {unresolved} numerical 0 * inf; needs the limit engine)"
                    if unresolved else "")
         print(f"  gradsan.jax.nansafe {_fmt(ns)}{ns_note}")

@@ -1070,6 +1070,11 @@ def nansafe(fun: Callable, *, mode: str = "structural", report: bool = False) ->
     ``mode="strong_zero"`` applies ``0 * inf := 0`` everywhere in the backward pass and labels
     each place as a convention (not proven). ``report=True`` returns ``(outputs, Report)``.
 
+    Called eagerly on ``jax.grad(loss)``, a numerical ``0 * inf`` left non-finite is sent to
+    the limit engine (:func:`gradsan.jax.certify`): when it certifies the gradient (or a Clarke
+    subgradient, labelled so) that is returned; otherwise the value stays non-finite. Under
+    ``jax.jit`` the limit engine cannot run, and the value stays non-finite.
+
     ``nansafe(fun)`` can be jitted (do so for speed); called eagerly it runs op by op like an
     eager ``fun``, and ``nansafe(jax.jit(fun))`` runs ``fun``'s body as one compiled program.
     """
@@ -1121,10 +1126,50 @@ def nansafe(fun: Callable, *, mode: str = "structural", report: bool = False) ->
         em, run, jitted, out_tree, out_shape = entry
         outs, flags = run(*flat)
         result = jax.tree_util.tree_unflatten(out_tree, outs)
+        limit = None
+        if mode == "structural" and not tracing and not all(
+                bool(jnp.isfinite(x).all()) for x in outs if _is_float_array(x)):
+            limit = _limit(fun, args, kwargs, result)
+            if limit is not None:
+                result = limit[0]
         if not report:
             return result
         rep = em.build_report(flags, fun)
+        if limit is not None:
+            rep.findings = [f for f in rep.findings if f.kind != "unresolved"]
+            rep.findings.append(limit[1])
         rep.outputs = result
         return result, rep
 
     return wrapped
+
+
+def _is_float_array(x: Any) -> bool:
+    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
+    """A numerical 0 * inf left non-finite: ask the limit engine for the gradient of the loss
+    (``fun`` must be ``jax.grad(loss)``). Returns (certified gradient, finding) or None when
+    there is no certified number (singular, undecided) or ``fun`` is not a plain gradient."""
+    doc = getattr(fun, "__doc__", None) or ""
+    if not (doc.startswith("Gradient of") and hasattr(fun, "__wrapped__")) or kwargs:
+        return None
+    from ._certify import certify
+
+    try:
+        rep = certify(fun)(*args)
+    except Exception:  # an unsupported program: keep the non-finite value, reported
+        return None
+    if rep.outputs is None or not rep.findings:
+        return None
+    f = rep.findings[0]
+    label = f.detail.get("label")
+    if label not in ("gradient", "clarke-subgradient"):
+        return None
+    grad = jax.tree_util.tree_map(
+        lambda c, r: jnp.asarray(c, dtype=r.dtype).reshape(r.shape), rep.outputs, result)
+    f.kind = "resolved"
+    f.detail["rule"] = ("limit engine (gradsan.jax.certify): "
+                        + ("the gradient" if label == "gradient" else "a Clarke subgradient"))
+    return grad, f
