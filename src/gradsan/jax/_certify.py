@@ -959,17 +959,16 @@ def _dot_subscripts(eqn, ra: int, rb: int):
     return "".join(la), "".join(lb_), "".join(out)
 
 
-def _dot_series(eqn, a: Series, b: Series) -> Series:
-    sa, sb, so = _dot_subscripts(eqn, len(a.shape), len(b.shape))
-    spec = f"{sa},{sb}->{so}"
-    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
-    out_shape = tuple(eqn.outvars[0].aval.shape)
+def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, np.ndarray]:
+    """The truncated product of two series contracted by einsum ``spec``: the terms below the
+    cap, with cancellation judged against the operands' magnitudes (not the result's), and the
+    horizon lowered wherever a dropped term is non-zero."""
     c_ = S.cap()
     acc: dict = {}
     mag: dict = {}
     H = np.full(out_shape, np.inf)
-    for (ea, ja), ca in a.terms.items():
-        for (eb, jb), cb in b.terms.items():
+    for (ea, ja), ca in x.terms.items():
+        for (eb, jb), cb in y.terms.items():
             e, j = ea + eb, ja + jb
             if float(e) >= c_ - S.EPS or j > S.D:
                 nz = np.einsum(spec, np.abs(ca), np.abs(cb)) != 0
@@ -985,6 +984,15 @@ def _dot_series(eqn, a: Series, b: Series) -> Series:
                 acc[k], mag[k] = p, m
     for k in acc:
         acc[k] = np.where(np.abs(acc[k]) <= S.TOL * mag[k], 0.0, acc[k])
+    return acc, H
+
+
+def _dot_series(eqn, a: Series, b: Series) -> Series:
+    sa, sb, so = _dot_subscripts(eqn, len(a.shape), len(b.shape))
+    spec = f"{sa},{sb}->{so}"
+    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
+    out_shape = tuple(eqn.outvars[0].aval.shape)
+    acc, H = _contract_terms(spec, a, b, out_shape)
     # horizon: min over the contraction of (H_a + val_b, H_b + val_a), bounded by row/col minima
     Hp = _dot_bound(eqn, a.H, S.veff(b), b.H, S.veff(a), np.min, out_shape)
     H = np.minimum(H, Hp)
@@ -1044,27 +1052,7 @@ def _dot_bwd(ctx, eqn, ins, outs, aux, cots, need):
 
 
 def _einsum_series(spec: str, x: Series, y: Series, out_shape) -> Series:
-    c_ = S.cap()
-    acc: dict = {}
-    mag: dict = {}
-    H = np.full(out_shape, np.inf)
-    for (ea, ja), ca in x.terms.items():
-        for (eb, jb), cb in y.terms.items():
-            e, j = ea + eb, ja + jb
-            if float(e) >= c_ - S.EPS or j > S.D:
-                nz = np.einsum(spec, np.abs(ca), np.abs(cb)) != 0
-                H = np.where(nz, np.minimum(H, float(e)), H)
-                continue
-            p = np.einsum(spec, ca, cb)
-            m = np.einsum(spec, np.abs(ca), np.abs(cb))
-            k = (e, j)
-            if k in acc:
-                acc[k] = acc[k] + p
-                mag[k] = mag[k] + m
-            else:
-                acc[k], mag[k] = p, m
-    for k in acc:
-        acc[k] = np.where(np.abs(acc[k]) <= S.TOL * mag[k], 0.0, acc[k])
+    acc, H = _contract_terms(spec, x, y, out_shape)
     # horizon and flags: conservative (global over the contraction)
     ins_, _out = spec.split("->")
     sx, sy = ins_.split(",")
