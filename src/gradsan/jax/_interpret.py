@@ -197,17 +197,15 @@ class Interpreter:
             srcs[v] = s
         free = _last_use(jaxpr)
         self._last_key = None
+
+        def read(vs) -> tuple[list, list]:
+            vals = [v.val if isinstance(v, jcore.Literal) else env[v] for v in vs]
+            vsrcs = [self._const_src(v.val, f"the literal {v.val}")
+                     if isinstance(v, jcore.Literal) else srcs.get(v) for v in vs]
+            return vals, vsrcs
+
         for i, eqn in enumerate(jaxpr.eqns):
-            invals = []
-            insrcs = []
-            for v in eqn.invars:
-                if isinstance(v, jcore.Literal):
-                    invals.append(v.val)
-                    insrcs.append(self._const_src(v.val, f"the literal {v.val}"))
-                else:
-                    invals.append(env[v])
-                    insrcs.append(srcs.get(v))
-            outvals, outsrcs = self.eqn(eqn, invals, insrcs, scope)
+            outvals, outsrcs = self.eqn(eqn, *read(eqn.invars), scope)
             for v, val, s in zip(eqn.outvars, outvals, outsrcs):
                 if isinstance(v, jcore.DropVar):
                     continue
@@ -216,16 +214,7 @@ class Interpreter:
             for v in free[i]:
                 env.pop(v, None)
                 srcs.pop(v, None)
-        outs = []
-        out_srcs = []
-        for v in jaxpr.outvars:
-            if isinstance(v, jcore.Literal):
-                outs.append(v.val)
-                out_srcs.append(self._const_src(v.val, f"the literal {v.val}"))
-            else:
-                outs.append(env[v])
-                out_srcs.append(srcs.get(v))
-        return outs, out_srcs
+        return read(jaxpr.outvars)
 
     # -- one equation ------------------------------------------------------------------------
     def eqn(self, eqn, invals, insrcs, scope: Scope):

@@ -321,28 +321,19 @@ class _Emitter:
             env[v], menv[v] = c, m
         for v, a, m in zip(jaxpr.invars, args, arg_metas):
             env[v], menv[v] = a, m
+
+        def read(vs) -> tuple[list, list]:
+            vals = [v.val if isinstance(v, jcore.Literal) else env[v] for v in vs]
+            metas = [_const_meta(v.val, v.aval) if isinstance(v, jcore.Literal) else menv[v]
+                     for v in vs]
+            return vals, metas
+
         for eqn in jaxpr.eqns:
-            invals, inmetas = [], []
-            for v in eqn.invars:
-                if isinstance(v, jcore.Literal):
-                    invals.append(v.val)
-                    inmetas.append(_const_meta(v.val, v.aval))
-                else:
-                    invals.append(env[v])
-                    inmetas.append(menv[v])
-            outs, ometas = self.eqn(eqn, invals, inmetas, ctx)
+            outs, ometas = self.eqn(eqn, *read(eqn.invars), ctx)
             for v, o, m in zip(eqn.outvars, outs, ometas):
                 if not isinstance(v, jcore.DropVar):
                     env[v], menv[v] = o, m
-        outs, ometas = [], []
-        for v in jaxpr.outvars:
-            if isinstance(v, jcore.Literal):
-                outs.append(v.val)
-                ometas.append(_const_meta(v.val, v.aval))
-            else:
-                outs.append(env[v])
-                ometas.append(menv[v])
-        return outs, ometas
+        return read(jaxpr.outvars)
 
     def _backward(self, eqn, ctx: _Ctx) -> bool:
         ns = str(eqn.source_info.name_stack)
