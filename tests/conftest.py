@@ -12,3 +12,12 @@ def line_of(marker: str, depth: int = 1) -> int:
             if line.rstrip().endswith(f"# {marker}"):
                 return i
     raise LookupError(marker)
+
+
+try:  # the same hypothesis examples on every run, here and in CI: no random flakes
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("gradsan", derandomize=True, deadline=None)
+    _hyp_settings.load_profile("gradsan")
+except ImportError:  # pragma: no cover
+    pass

@@ -124,7 +124,7 @@ def test_property_equals_naive(name, data):
 
 @settings(max_examples=15, deadline=None)
 @given(
-    hnp.arrays(np.float64, (3, 4), elements=st.floats(-100, 100)),
+    hnp.arrays(np.float64, (3, 4), elements=st.floats(-100, 100, allow_subnormal=False)),
     st.sampled_from([None, 0, 1, -1]),
 )
 def test_property_norm_std_and_binary(x, axis):
@@ -142,8 +142,9 @@ def test_property_norm_std_and_binary(x, axis):
     y = np.abs(x[::-1]) + 0.5  # away from div's singular point y = 0
     for name in ("atan2", "hypot", "div"):
         np.testing.assert_allclose(
-            getattr(jsafe, name)(x, y), getattr(tsafe, name)(torch.tensor(x), torch.tensor(y)), rtol=1e-15
+            getattr(jsafe, name)(x, y), getattr(tsafe, name)(torch.tensor(x), torch.tensor(y)),
+            rtol=1e-15, atol=np.finfo(np.float64).tiny,  # XLA:CPU flushes subnormals, torch not
         )
     np.testing.assert_array_equal(jsafe.atan2(x, y), jnp.arctan2(x, y))
     np.testing.assert_array_equal(jsafe.hypot(x, y), jnp.hypot(x, y))
-    np.testing.assert_array_equal(jsafe.div(x, y), x / y)
+    np.testing.assert_array_equal(jsafe.div(x, y), jnp.asarray(x) / jnp.asarray(y))
