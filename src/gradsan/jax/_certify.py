@@ -36,6 +36,8 @@ from .._errors import UsageError
 from .._report import Finding, Frame, Report
 from .._report._records import OutputHit
 from . import _series as S
+from ._interpret import _closed
+from ._interpret import bind_eqn as _bind
 from ._series import DOMAIN, OK, POISON, UNDEC, ZERO, Series, Undecided
 
 __all__ = ["certify"]
@@ -95,12 +97,6 @@ class Tape:
     env: dict
     active: set
     aux: dict
-
-
-def _closed(j):
-    if isinstance(j, jcore.ClosedJaxpr):
-        return j.jaxpr, list(j.consts)
-    return j, []
 
 
 def _read(env, v):
@@ -205,16 +201,6 @@ def _fit(c: Series, shape) -> Series:
 
 FWD: dict[str, Callable] = {}
 BWD: dict[str, Callable] = {}
-
-
-def _bind(eqn, invals):
-    params = eqn.primitive.get_bind_params(eqn.params)
-    if isinstance(params, tuple):
-        subfuns, params = params
-        out = eqn.primitive.bind(*subfuns, *invals, **params)
-    else:
-        out = eqn.primitive.bind(*invals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def _const_eval(eqn, ins) -> list:

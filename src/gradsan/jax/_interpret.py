@@ -105,6 +105,18 @@ def _first_bad(x: Any) -> tuple:
     return tuple(int(i) for i in idx[0]) if len(idx) else ()
 
 
+def bind_eqn(eqn, invals: list, params: dict | None = None) -> list:
+    """Evaluate one equation on concrete (or traced) values; always a list of outputs.
+    Shared by every gradsan pass over a jaxpr."""
+    p = params if params is not None else eqn.primitive.get_bind_params(eqn.params)
+    if isinstance(p, tuple):  # older jax: (subfuns, params)
+        subfuns, p = p
+        out = eqn.primitive.bind(*subfuns, *invals, **p)
+    else:
+        out = eqn.primitive.bind(*invals, **p)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
 def _np(x: Any) -> np.ndarray:
     a = np.asarray(x)
     if a.dtype.kind == "V" or str(a.dtype) == "bfloat16":
@@ -224,20 +236,11 @@ class Interpreter:
             return rule(self, eqn, invals, insrcs, scope)
         return self.first_order(eqn, invals, insrcs, scope)
 
-    def _bind(self, eqn, invals):
-        params = eqn.primitive.get_bind_params(eqn.params)
-        if isinstance(params, tuple):  # older jax: (subfuns, params)
-            subfuns, params = params
-            out = eqn.primitive.bind(*subfuns, *invals, **params)
-        else:
-            out = eqn.primitive.bind(*invals, **params)
-        return list(out) if eqn.primitive.multiple_results else [out]
-
     def first_order(self, eqn, invals, insrcs, scope: Scope, outvals=None):
         if outvals is None:
             outvals = _numpy_impl.evaluate(eqn, invals) if self.fast else None
             if outvals is None:
-                outvals = self._bind(eqn, invals)
+                outvals = bind_eqn(eqn, invals)
         status = tuple(_status(o) for o in outvals)
         pl = place(eqn.source_info)
         node = Node(

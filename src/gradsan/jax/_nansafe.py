@@ -43,6 +43,8 @@ from .._errors import UsageError
 from .._report import Frame, Report
 from .._report._build import catalog_finding
 from ._explain import arg_labels, check_args, check_callable
+from ._interpret import _closed
+from ._interpret import bind_eqn as _bind
 from ._source import exclude_gradsan, place
 
 exclude_gradsan()
@@ -258,20 +260,14 @@ class _Site:
 _MIN_KINDS = ("margin",)
 
 
-def _bind(eqn, invals, params=None):
-    p = params if params is not None else eqn.primitive.get_bind_params(eqn.params)
-    if isinstance(p, tuple):  # older jax: (subfuns, params)
-        subfuns, p = p
-        out = eqn.primitive.bind(*subfuns, *invals, **p)
-    else:
-        out = eqn.primitive.bind(*invals, **p)
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def _closed(j):
-    if isinstance(j, jcore.ClosedJaxpr):
-        return j.jaxpr, list(j.consts)
-    return j, []
+def _zero_where_structural(p, cond, shape):
+    """``p`` with its non-finite entries set to 0 where ``cond`` (the structural-zero mask, or
+    a static True/False) holds: the Tier A repair of a product or quotient."""
+    if cond is False:
+        return p
+    bad = _nonfinite(p)
+    fix = bad if cond is True else bad & _arr(cond, shape)
+    return lax.select(fix, jnp.zeros_like(p), p)
 
 
 def _shape(v) -> tuple:
@@ -402,11 +398,7 @@ class _Emitter:
         shape = _shape(p)
         cond = _or([self._zero_side(ms, vals, 0, shape), self._zero_side(ms, vals, 1, shape)],
                    shape)
-        out = p
-        if cond is not False:
-            bad = _nonfinite(p)
-            fix = bad if cond is True else bad & _arr(cond, shape)
-            out = lax.select(fix, jnp.zeros_like(p), p)
+        out = _zero_where_structural(p, cond, shape)
         if self.report:
             bad = _nonfinite(p)
             a, b = (jnp.broadcast_to(v, shape) for v in vals)
@@ -421,11 +413,7 @@ class _Emitter:
             cond = _Lazy(lambda: _arr(vals[0] == 0, shape))
         else:
             cond = ms[0].sz
-        out = p
-        if cond is not False:
-            bad = _nonfinite(p)
-            fix = bad if cond is True else bad & _arr(cond, shape)
-            out = lax.select(fix, jnp.zeros_like(p), p)
+        out = _zero_where_structural(p, cond, shape)
         if self.report:
             bad = _nonfinite(p)
             a = jnp.broadcast_to(vals[0], shape)

@@ -28,7 +28,8 @@ from .._catalog._classify import classify, format_value
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
 from ._explain import check_callable, diagnose
-from ._interpret import _is_library_body, _library_name
+from ._interpret import _closed, _is_library_body, _library_name, _np
+from ._interpret import bind_eqn as _bind
 from ._source import exclude_gradsan, place
 
 exclude_gradsan()
@@ -118,29 +119,6 @@ class Kink:
     def frame(self) -> Frame | None:
         pl = place(self.eqn.source_info)
         return pl.user or self.scope.frame
-
-
-def _np(x: Any) -> np.ndarray:
-    a = np.asarray(x)
-    if a.dtype.kind == "V" or str(a.dtype) == "bfloat16":
-        a = a.astype(np.float32)
-    return a
-
-
-def _bind(eqn, invals):
-    params = eqn.primitive.get_bind_params(eqn.params)
-    if isinstance(params, tuple):  # older jax: (subfuns, params)
-        subfuns, params = params
-        out = eqn.primitive.bind(*subfuns, *invals, **params)
-    else:
-        out = eqn.primitive.bind(*invals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def _closed(j):
-    if isinstance(j, jcore.ClosedJaxpr):
-        return j.jaxpr, list(j.consts)
-    return j, []
 
 
 def _is_float(x: Any) -> bool:
