@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
 from typing import Any, Literal
 
 Kind = Literal["nonfinite", "resolved", "kink", "convention", "unresolved"]
@@ -122,11 +121,3 @@ class Report:
     def __repr__(self) -> str:
         ids = ", ".join(sorted({f.catalog_id or f.kind for f in self.findings}))
         return f"Report(ok={self.ok}, findings=[{ids}])"
-
-
-def merge(reports: Sequence[Report]) -> Report:
-    out = Report()
-    for r in reports:
-        out.findings.extend(r.findings)
-        out.notes.extend(r.notes)
-    return out

@@ -166,9 +166,3 @@ def render(report: Report) -> str:
     if report.notes:
         text += "\n\n" + "\n".join("note: " + x for x in report.notes)
     return text
-
-
-def summary_line(report: Report) -> str:
-    if report.ok and not report.findings:
-        return "ok"
-    return "; ".join(headline(f) for f in report.findings[:3])

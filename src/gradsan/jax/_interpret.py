@@ -35,7 +35,6 @@ class Scope:
     library: str | None = None
     context: str = ""
     backward: bool = False
-    remat: bool = False
     id: int = 0
 
 
@@ -165,10 +164,8 @@ class Interpreter:
         self._scope_ids = itertools.count(1)
         # (scope id, place key) -> nodes of primal ops that hit a catalog singular set
         self.hits_by_key: dict[tuple, list[Node]] = {}
-        self.hit_nodes: list[Node] = []
         # group key -> seq of its first equation: the primal op comes before its derivative's
         self.group_first: dict[tuple, int] = {}
-        self.eqn_count = 0
         self._last_key: tuple | None = None
         self._run = 0
 
@@ -230,7 +227,6 @@ class Interpreter:
 
     # -- one equation ------------------------------------------------------------------------
     def eqn(self, eqn, invals, insrcs, scope: Scope):
-        self.eqn_count += 1
         rule = _HIGHER_ORDER.get(eqn.primitive.name)
         if rule is not None:
             return rule(self, eqn, invals, insrcs, scope)
@@ -275,7 +271,6 @@ class Interpreter:
                     node.hit = HitSummary(hit.entry_id, hit.count, int(hit.mask.size),
                                           hit.first_index, hit.got)
                     self.hits_by_key.setdefault(group_key(scope, pl), []).append(node)
-                    self.hit_nodes.append(node)
         return outvals, [(node, i) for i in range(len(outvals))]
 
     # -- helpers for higher-order rules ------------------------------------------------------
@@ -289,7 +284,6 @@ class Interpreter:
             library=scope.library or (pl.library if pl.user is None else None),
             context=context if context is not None else scope.context,
             backward=scope.backward or "transpose" in name_stack,
-            remat=scope.remat,
             id=next(self._scope_ids),
         )
 

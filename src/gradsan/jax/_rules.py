@@ -39,7 +39,6 @@ PRIMITIVE_OPS: dict[str, str] = {
 # Primitives whose NaN from non-NaN inputs has a name.
 PRODUCT_PRIMS = {"mul", "dot_general", "conv_general_dilated"}
 SUM_PRIMS = {"add", "add_any", "sub", "reduce_sum", "cumsum"}
-QUOTIENT_PRIMS = {"div"}
 
 
 def canonical_op(prim_name: str) -> str | None:

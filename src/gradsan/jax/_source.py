@@ -174,15 +174,6 @@ def exclude_gradsan() -> None:
         pass
 
 
-def caller_frame(depth: int = 2) -> Frame | None:
-    f = sys._getframe(depth)
-    while f is not None and _file_class(f.f_code.co_filename) != "user":
-        f = f.f_back
-    if f is None:
-        return None
-    return _frame(f.f_code, f.f_lasti)
-
-
 _OP_TEXT = {
     "div": ("/",), "log": ("log",), "sqrt": ("sqrt",), "rsqrt": ("rsqrt",), "pow": ("**", "pow"),
     "integer_pow": ("**",), "mul": ("*",), "exp": ("exp",), "atan2": ("arctan2", "atan2"),
