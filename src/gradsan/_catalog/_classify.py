@@ -255,7 +255,7 @@ def _xlogy(operands, out, params):
 
 @predicate("atan2")
 def _atan2(operands, out, params):
-    return _hit("atan2-at-origin", (operands[0] == 0) & (operands[1] == 0), operands)
+    return _hit("atan2-at-origin", _origin(np, operands, params), operands)
 
 
 @predicate("acos")
@@ -427,19 +427,109 @@ def _softmax(operands, out, params):
 # ---- kinks, ties and jumps -----------------------------------------------------------------
 
 
+# Where each kink, tie or jump sits, written once for any array module ``xp`` (numpy here,
+# jax.numpy in gradsan.jax.sanitize's compiled screen): a boolean mask of the operands'
+# broadcast shape, or, for reductions, of the reduced shape with the reduced axes kept.
+Mask = Callable[[Any, Sequence[Any], Mapping[str, Any]], Any]
+_MASKS: dict[str, Mask] = {}
+
+
+def mask(*ops: str) -> Callable[[Mask], Mask]:
+    def register(fn: Mask) -> Mask:
+        for op in ops:
+            _MASKS[op] = fn
+        return fn
+
+    return register
+
+
+@mask("abs", "relu", "sign")
+def _at_zero(xp, operands, params):
+    return operands[0] == 0
+
+
+@mask("max", "min", "where")
+def _tie(xp, operands, params):
+    return operands[0] == operands[1]
+
+
+@mask("atan2", "hypot")
+def _origin(xp, operands, params):
+    return (operands[0] == 0) & (operands[1] == 0)
+
+
+@mask("floor", "ceil")
+def _integer(xp, operands, params):
+    x = operands[0]
+    return xp.isfinite(x) & (x == xp.floor(x))
+
+
+@mask("round")
+def _half_integer(xp, operands, params):
+    x = operands[0]
+    return x - xp.floor(x) == 0.5
+
+
+@mask("trunc")
+def _trunc_jump(xp, operands, params):
+    """A float -> integer cast (truncation toward 0) jumps at the non-zero integers; a cast to
+    bool (``params["to_bool"]``) at 0."""
+    x = operands[0]
+    if params.get("to_bool"):
+        return x == 0
+    return xp.isfinite(x) & (x == xp.trunc(x)) & (x != 0)
+
+
+@mask("clamp")
+def _at_bound(xp, operands, params):
+    """operands in lax order: (lo, x, hi); a missing bound is None."""
+    lo, x, hi = (list(operands) + [None, None, None])[:3]
+    m = xp.zeros_like(x, dtype=bool)
+    for b in (lo, hi):
+        if not _missing(b):
+            m = m | (x == b)
+    return m
+
+
+@mask("reduce_max", "argmax")
+def _reduce_tie(xp, operands, params):
+    """Reductions whose extreme is attained twice (the minimum with ``params["_min"]``); the
+    reduced axes are kept."""
+    x = operands[0]
+    axes = _axes(x, params)
+    ext = (xp.min if params.get("_min") else xp.max)(x, axis=axes, keepdims=True)
+    return xp.sum(x == ext, axis=axes, keepdims=True) > 1
+
+
+@mask("reduce_min", "argmin")
+def _reduce_min_tie(xp, operands, params):
+    return _reduce_tie(xp, operands, {**params, "_min": True})
+
+
+def kink_mask(op: str, operands: Sequence[Any], params: Mapping[str, Any] | None = None,
+              xp: Any = np) -> Any | None:
+    """The mask of ``op``'s non-smooth points at these operands, computed with ``xp``; None
+    when ``op`` has no mask written for any array module (sort, cummax, pooling, eigh: use
+    :func:`classify`)."""
+    fn = _MASKS.get(op)
+    if fn is None:
+        return None
+    return fn(xp, operands, params or {})
+
+
 @predicate("abs")
 def _abs(operands, out, params):
-    return _hit("abs-at-zero", operands[0] == 0, operands)
+    return _hit("abs-at-zero", _at_zero(np, operands, params), operands)
 
 
 @predicate("relu")
 def _relu(operands, out, params):
-    return _hit("relu-at-zero", operands[0] == 0, operands)
+    return _hit("relu-at-zero", _at_zero(np, operands, params), operands)
 
 
 @predicate("sign")
 def _sign(operands, out, params):
-    return _hit("sign-at-zero", operands[0] == 0, operands)
+    return _hit("sign-at-zero", _at_zero(np, operands, params), operands)
 
 
 @predicate("max", "min")
@@ -447,7 +537,7 @@ def _max(operands, out, params):
     """Binary maximum / minimum: operands (x, y)."""
     if len(operands) < 2:
         return None
-    return _hit("max-tie", operands[0] == operands[1], operands)
+    return _hit("max-tie", _tie(np, operands, params), operands)
 
 
 @predicate("reduce_max", "argmax")
@@ -463,7 +553,7 @@ def _reduce_max(operands, out, params):
     axes = _axes(x, params)
     use_min = params.get("_min", False)
     ext = np.min(x, axis=axes, keepdims=True) if use_min else np.max(x, axis=axes, keepdims=True)
-    ties = np.sum(x == ext, axis=axes, keepdims=True) > 1
+    ties = _reduce_tie(np, operands, params)
     keep = _keepdims(params)
     if not keep:
         ties, ext = np.squeeze(ties, axis=axes), np.squeeze(ext, axis=axes)
@@ -514,10 +604,8 @@ def _clamp(operands, out, params):
         return None
     bounds = [b for b in (lo, hi) if not _missing(b)]
     shape = np.broadcast_shapes(x.shape, *(b.shape for b in bounds))
-    mask = np.zeros(shape, bool)
-    for b in bounds:
-        mask = mask | (x == b)
-    return _hit_at("clip-at-bound", mask, np.broadcast_to(x, shape), operand=1)
+    at = np.broadcast_to(_at_bound(np, operands, params), shape)
+    return _hit_at("clip-at-bound", at, np.broadcast_to(x, shape), operand=1)
 
 
 @predicate("floor", "ceil")
@@ -525,7 +613,7 @@ def _floor(operands, out, params):
     x = operands[0]
     if not _real(x):
         return None
-    return _hit("floor-round-at-jump", np.isfinite(x) & (x == np.floor(x)), operands)
+    return _hit("floor-round-at-jump", _integer(np, operands, params), operands)
 
 
 @predicate("round")
@@ -533,7 +621,7 @@ def _round(operands, out, params):
     x = operands[0]
     if not _real(x):
         return None
-    return _hit("floor-round-at-jump", x - np.floor(x) == 0.5, operands)
+    return _hit("floor-round-at-jump", _half_integer(np, operands, params), operands)
 
 
 @predicate("where")
@@ -541,12 +629,12 @@ def _where(operands, out, params):
     """operands: the two sides (lhs, rhs) of the comparison that chose the branch."""
     if len(operands) < 2:
         return None
-    return _hit("where-at-boundary", operands[0] == operands[1], operands)
+    return _hit("where-at-boundary", _tie(np, operands, params), operands)
 
 
 @predicate("hypot")
 def _hypot(operands, out, params):
-    return _hit("hypot-at-origin", (operands[0] == 0) & (operands[1] == 0), operands)
+    return _hit("hypot-at-origin", _origin(np, operands, params), operands)
 
 
 def _spectrum(a: np.ndarray, hermitian: bool) -> np.ndarray | None:
@@ -655,9 +743,7 @@ def _trunc(operands, out, params):
     x = operands[0]
     if not _real(x) or x.dtype.kind not in "f":
         return None
-    if params.get("to_bool"):
-        return _hit("floor-round-at-jump", x == 0, operands)
-    return _hit("floor-round-at-jump", np.isfinite(x) & (x == np.trunc(x)) & (x != 0), operands)
+    return _hit("floor-round-at-jump", _trunc_jump(np, operands, params), operands)
 
 
 # ---- classify ------------------------------------------------------------------------------

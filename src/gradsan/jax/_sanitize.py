@@ -24,10 +24,11 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value
+from .._catalog._classify import classify, format_value, kink_mask
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
-from ._explain import check_callable, diagnose
+from ._explain import arg_labels, check_args, check_callable, diagnose
+from ._guard import _host_flag
 from ._interpret import _closed, _is_library_body, _library_name, _np
 from ._interpret import bind_eqn as _bind
 from ._source import exclude_gradsan, place
@@ -251,21 +252,11 @@ class KinkEval:
 
     def _call(self, eqn, key, invals, deps, scope):
         name = eqn.primitive.name
-        jaxpr, consts = _closed(eqn.params[_CALLS[name]])
         if self.mode == "lock" and name in _CUSTOM and key not in self.locked_calls:
             # keep the custom derivative rule (safe functions) unless a kink inside is locked
             outs = _bind(eqn, invals)
             return outs, [any(deps)] * len(outs)
-        sub = self._sub(eqn, scope, key)
-        if name in _CUSTOM:
-            sub.custom = (eqn, invals, deps)
-        if sub.library is None and name in ("pjit", "jit") and _is_library_body(jaxpr):
-            fname = str(eqn.params.get("name", name))
-            sub.library = _library_name(jaxpr, fname)
-            if sub.library is None and fname in ("clip", "hypot"):
-                sub.library = f"jnp.{fname}"
-        if self.mode == "scan" and not sub.backward and not scope.summarized and any(deps):
-            self._library_kink(eqn, key, invals, deps, sub)
+        jaxpr, consts, sub = self._enter_call(eqn, key, invals, deps, scope)
         if name in _CUSTOM or sub.summarized:
             self._open_calls.append(key)
         try:
@@ -274,30 +265,56 @@ class KinkEval:
             if name in _CUSTOM or sub.summarized:
                 self._open_calls.pop()
 
-    def _library_kink(self, eqn, key, invals, deps, sub: Scope) -> None:
+    def _enter_call(self, eqn, key, invals, deps, scope):
+        """The body of a call equation and its scope (library name, summarized library kink)."""
+        name = eqn.primitive.name
+        jaxpr, consts = _closed(eqn.params[_CALLS[name]])
+        sub = self._sub(eqn, scope, key)
+        if name in _CUSTOM:
+            sub.custom = (eqn, invals, deps)
+        if sub.library is None and name in ("pjit", "jit") and _is_library_body(jaxpr):
+            fname = str(eqn.params.get("name", name))
+            sub.library = _library_name(jaxpr, fname)
+            if sub.library is None and fname in ("clip", "hypot"):
+                sub.library = f"jnp.{fname}"
+        if self.mode in ("scan", "screen") and not sub.backward and not scope.summarized \
+                and any(deps):
+            self._library_kink(eqn, key, invals, deps, sub)
+        return jaxpr, consts, sub
+
+    @staticmethod
+    def _library_operands(eqn, invals, deps, sub: Scope) -> tuple | None:
+        """(op, operands, deps) of a library call reported as one operation (jnp.clip,
+        jnp.hypot), in the catalog's operand order; None for any other call."""
         lib = sub.library
         if lib is None or eqn.primitive.name not in ("pjit", "jit"):
-            return
+            return None
         entry = _catalog.for_library(lib)
         if entry is None or entry.id not in LIBRARY_OPS:
-            return
+            return None
         op = LIBRARY_OPS[entry.id]
-        ops = [_np(v) for v in invals]
         if op == "clamp":
-            if len(ops) != 3:
-                return
-            operands = [ops[1], ops[0], ops[2]]  # jnp.clip(x, lo, hi) -> clamp(lo, x, hi)
-            kdeps = (deps[1], deps[0], deps[2])
-        else:
-            if len(ops) != 2:
-                return
-            operands, kdeps = ops, tuple(deps)
+            if len(invals) != 3:
+                return None
+            # jnp.clip(x, lo, hi) -> clamp(lo, x, hi)
+            return op, [invals[1], invals[0], invals[2]], (deps[1], deps[0], deps[2])
+        if len(invals) != 2:
+            return None
+        return op, list(invals), tuple(deps)
+
+    def _library_kink(self, eqn, key, invals, deps, sub: Scope) -> None:
+        found = self._library_operands(eqn, invals, deps, sub)
+        if found is None:
+            return
+        op, operands, kdeps = found
+        operands = [_np(v) for v in operands]
         sub.summarized = True
         hit = classify(op, operands, None, {})
         if hit is None:
             return
-        self.kinks.append(Kink(key, op, lib, eqn, sub, operands, tuple(kdeps), {}, hit.entry_id,
-                               np.asarray(hit.mask, bool), hit.got, invals=list(invals)))
+        self.kinks.append(Kink(key, op, sub.library, eqn, sub, operands, tuple(kdeps), {},
+                               hit.entry_id, np.asarray(hit.mask, bool), hit.got,
+                               invals=list(invals)))
         self.calls_with_kinks.update(self._open_calls)
         self.calls_with_kinks.add(key)
 
@@ -350,7 +367,7 @@ class KinkEval:
         else:
             outs = _bind(eqn, invals)
         odeps = [any(deps)] * len(outs)
-        if self.mode == "scan" and any(deps):
+        if self.mode in ("scan", "screen") and any(deps):
             name_stack = str(eqn.source_info.name_stack)
             backward = scope.backward or "transpose" in name_stack
             if "rematted_computation" in name_stack:
@@ -413,6 +430,266 @@ class KinkEval:
                                entry_id, np.asarray(hit.mask, bool), hit.got,
                                invals=list(invals), summarized=scope.summarized))
         self.calls_with_kinks.update(self._open_calls)
+
+
+# -- the compiled screen ---------------------------------------------------------------------
+
+
+def _deps_of(jaxpr, in_deps: list) -> list:
+    """Which outputs of ``jaxpr`` depend on the inputs marked in ``in_deps`` (any input of an
+    equation taints all its outputs: an over-approximation of KinkEval's own tracking)."""
+    dep: dict = dict(zip(jaxpr.invars, in_deps))
+    for eqn in jaxpr.eqns:
+        d = any(dep.get(v, False) for v in eqn.invars if not isinstance(v, jcore.Literal))
+        for v in eqn.outvars:
+            dep[v] = d
+    return [False if isinstance(v, jcore.Literal) else dep.get(v, False) for v in jaxpr.outvars]
+
+
+def _carry_fixpoint(jaxpr, fixed: list, carry: list, rest: list, n_out_carry_at: int = 0) -> list:
+    """Dependence of a loop's carries: the initial one, joined with what the body makes of it
+    until nothing changes."""
+    kd = list(carry)
+    while True:
+        od = _deps_of(jaxpr, [*fixed, *kd, *rest])
+        new = [a or b for a, b in zip(kd, od[n_out_carry_at:n_out_carry_at + len(kd)])]
+        if new == kd:
+            return kd
+        kd = new
+
+
+def _host_count(op: str, params: dict, *operands: Any) -> np.ndarray:
+    hit = classify(op, [_np(o) for o in operands], None, params)
+    return np.int32(0 if hit is None else hit.count)
+
+
+class _Screen(KinkEval):
+    """KinkEval traced under ``jax.jit``: instead of recording kinks, it adds up how many
+    elements sat on a kink, tie or jump (or a select's comparison held with equality) into one
+    int32 that the compiled program returns beside the outputs. The decision is the same as
+    KinkEval's (the masks are the catalog's, computed with jax.numpy; sorts, cumulative
+    extremes, pooling and eigensolvers call the catalog's numpy predicate on the host), and
+    where it differs it counts more (dependence is over-approximated across calls and loops),
+    so it never says 0 where KinkEval would record something. Loops and conds are re-emitted
+    with the count carried."""
+
+    def __init__(self):
+        super().__init__("screen")
+        self.count = jnp.int32(0)
+        self._fns: dict = {}
+
+    def _add(self, n) -> None:
+        self.count = self.count + jnp.asarray(n, jnp.int32)
+
+    def _nested(self, fn: Callable, *a):
+        """Run ``fn`` with a fresh count (a loop or branch body); returns (result, count)."""
+        saved, self.count = self.count, jnp.int32(0)
+        try:
+            out = fn(*a)
+            return out, self.count
+        finally:
+            self.count = saved
+
+    def eqn(self, eqn, key, invals, deps, scope: Scope):
+        name = eqn.primitive.name
+        if name == "cond":
+            return self._screen_cond(eqn, key, invals, deps, scope)
+        if name == "scan":
+            return self._screen_scan(eqn, key, invals, deps, scope)
+        if name == "while":
+            return self._screen_while(eqn, key, invals, deps, scope)
+        return super().eqn(eqn, key, invals, deps, scope)
+
+    def _call(self, eqn, key, invals, deps, scope):
+        """A call stays a call: one jitted screen per (body, dependence, phase), so the 200
+        identical layer calls of a deep net compile once, as in the plain program. Comparison
+        results passed in keep their equality masks (jnp.where compares outside its call)."""
+        jaxpr, consts, sub = self._enter_call(eqn, key, invals, deps, scope)
+        pos, masks = self._cmp_inputs(invals)
+        sig = (id(jaxpr), tuple(deps), sub.backward, sub.summarized, pos)
+        cached = self._fns.get(sig)
+        if cached is None or cached[1] is not jaxpr:
+            def body(ops, masks, jaxpr=jaxpr, consts=consts, sub=sub, deps=tuple(deps), pos=pos):
+                (outs, _), n = self._nested(self._run_with, jaxpr, consts, list(ops), list(deps),
+                                            sub, pos, masks)
+                return list(outs), n
+
+            cached = self._fns[sig] = (jax.jit(body), jaxpr)
+        outs, n = cached[0](list(invals), masks)
+        self._add(n)
+        return outs, _deps_of(jaxpr, list(deps))
+
+    def _cmp_inputs(self, vals: list) -> tuple[tuple, list]:
+        """Positions of ``vals`` that are comparison results, and their equality masks."""
+        pos, masks = [], []
+        for i, v in enumerate(vals):
+            c = self.cmps.get(id(v))
+            if c is not None and c[0] is v:
+                pos.append(i)
+                masks.append(c[1])
+        return tuple(pos), masks
+
+    def _run_with(self, jaxpr, consts, args, deps, sub, pos, masks):
+        """``run`` on a body whose inputs at ``pos`` are comparison results (new tracers)."""
+        for i, m in zip(pos, masks):
+            self.cmps[id(args[i])] = (args[i], m)
+        return self.run(jaxpr, consts, [False] * len(consts), args, deps, sub)
+
+    def _library_kink(self, eqn, key, invals, deps, sub: Scope) -> None:
+        found = self._library_operands(eqn, invals, deps, sub)
+        if found is not None:
+            op, operands, _ = found
+            self._add(jnp.sum(kink_mask(op, [jnp.asarray(o) for o in operands],
+                                                 {}, xp=jnp)))
+
+    def _classify(self, eqn, key, invals, deps, outs, scope: Scope) -> None:
+        name = eqn.primitive.name
+        if name in COMPARISONS:  # a boundary only once a select with live cases uses it
+            if _is_float(invals[0]) or _is_float(invals[1]):
+                self.cmps[id(outs[0])] = (outs[0], jnp.asarray(invals[0]) == jnp.asarray(invals[1]))
+            return
+        if name == "select_n":
+            c = self.cmps.get(id(invals[0]))
+            if c is not None and c[0] is invals[0] and any(deps[1:]):
+                self._add(jnp.sum(c[1]))
+            return
+        op = KINK_OPS.get(name)
+        if op is None:
+            return
+        if name == "convert_element_type":
+            if not _is_float(invals[0]) or np.dtype(eqn.params["new_dtype"]).kind not in "iub":
+                return
+        if name == "sort" and not deps[0]:
+            return
+        params = _params(name, eqn.params, invals)
+        operands = [jnp.asarray(v) for v in invals]
+        m = kink_mask(op, operands, params, xp=jnp)
+        if m is not None:
+            self._add(jnp.sum(m))
+        else:
+            self._add(jax.pure_callback(functools.partial(_host_count, op, params),
+                                        jax.ShapeDtypeStruct((), jnp.int32), *operands))
+
+    def _screen_cond(self, eqn, key, invals, deps, scope):
+        odeps: list = [False] * len(eqn.outvars)
+        pos, masks = self._cmp_inputs(invals[1:])
+
+        def branch(i: int):
+            jaxpr, consts = _closed(eqn.params["branches"][i])
+            sub = self._sub(eqn, scope, (*key, i))
+
+            def run(ops, masks):
+                (outs, od), n = self._nested(self._run_with, jaxpr, consts, list(ops),
+                                             list(deps[1:]), sub, pos, masks)
+                odeps[:] = [a or b for a, b in zip(odeps, od)]
+                return list(outs), n
+            return run
+
+        outs, n = jax.lax.switch(invals[0], [branch(i) for i in range(len(eqn.params["branches"]))],
+                                 list(invals[1:]), masks)
+        self._add(n)
+        return outs, odeps
+
+    def _screen_scan(self, eqn, key, invals, deps, scope):
+        p = eqn.params
+        jaxpr, jconsts = _closed(p["jaxpr"])
+        nc, nk = p["num_consts"], p["num_carry"]
+        consts, carry, xs = invals[:nc], list(invals[nc:nc + nk]), list(invals[nc + nk:])
+        cd, xd = list(deps[:nc]), list(deps[nc + nk:])
+        kd = _carry_fixpoint(jaxpr, cd, list(deps[nc:nc + nk]), xd)
+        sub = self._sub(eqn, scope, (*key, "i"))
+        yd: list = [False] * (len(jaxpr.outvars) - nk)
+
+        def body(c, x):
+            carry, n = c
+            (outs, od), m = self._nested(self.run, jaxpr, jconsts, [False] * len(jconsts),
+                                         [*consts, *carry, *x], [*cd, *kd, *xd], sub)
+            yd[:] = [a or b for a, b in zip(yd, od[nk:])]
+            return (list(outs[:nk]), n + m), list(outs[nk:])
+
+        (carry, n), ys = jax.lax.scan(body, (carry, jnp.int32(0)), xs, length=p["length"],
+                                      reverse=p.get("reverse", False))
+        self._add(n)
+        return [*carry, *ys], [*kd, *yd]
+
+    def _screen_while(self, eqn, key, invals, deps, scope):
+        p = eqn.params
+        cj, cc = _closed(p["cond_jaxpr"])
+        bj, bc = _closed(p["body_jaxpr"])
+        nc, nb = p["cond_nconsts"], p["body_nconsts"]
+        cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
+        cdeps, bdeps = list(deps[:nc]), list(deps[nc:nc + nb])
+        kd = _carry_fixpoint(bj, bdeps, list(deps[nc + nb:]), [])
+        csub = self._sub(eqn, scope, (*key, "c"))
+        bsub = self._sub(eqn, scope, (*key, "b"))
+
+        def test(carry):
+            (pred, _), n = self._nested(self.run, cj, cc, [False] * len(cc),
+                                        [*cconsts, *carry], [*cdeps, *kd], csub)
+            return pred[0], n
+
+        def body(c):
+            carry, n = c
+            _, m_test = test(carry)  # the test that let this iteration run
+            (outs, _), m = self._nested(self.run, bj, bc, [False] * len(bc),
+                                        [*bconsts, *carry], [*bdeps, *kd], bsub)
+            return list(outs), n + m_test + m
+
+        carry, n = jax.lax.while_loop(lambda c: test(c[0])[0], body, (carry, jnp.int32(0)))
+        self._add(n + test(carry)[1])  # the final test, which ended the loop
+        return carry, kd
+
+
+class _Screener:
+    """One compiled screen per argument structure: ``(outputs, kinks, nonfinite)`` where
+    ``kinks`` counts the elements KinkEval could record and ``nonfinite`` says whether an input
+    or output is NaN or Inf. A healthy program (both zero) needs nothing else: no interpreter,
+    no eager re-run, and a warm call costs about one plain step."""
+
+    def __init__(self, fun: Callable):
+        self.fun = fun
+        self.cache: dict = {}
+
+    def __call__(self, args: tuple, kwargs: dict):
+        info = getattr(self.fun, "_jit_info", None)
+        s_pos = tuple(sorted(getattr(info, "static_argnums", ()) or ()))
+        s_names = tuple(sorted(getattr(info, "static_argnames", ()) or ()))
+        dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
+        dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
+        flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        statics = (tuple((i, args[i]) for i in s_pos if i < len(args)),
+                   tuple((k, kwargs[k]) for k in s_names if k in kwargs))
+        key = (in_tree, statics)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self.cache[key] = self._build(args, kwargs, in_tree, s_pos, s_names)
+        jitted, out_tree = entry
+        flat = [jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a for a in flat]
+        outs, kinks = jitted(*flat)
+        # finiteness on the host: a reduction per leaf in the program would triple its compile
+        # time on a net with hundreds of parameter arrays
+        bad = not (_host_flag(flat) and _host_flag(outs))
+        return jax.tree_util.tree_unflatten(out_tree[0], outs), int(kinks), bad
+
+    def _build(self, args, kwargs, in_tree, s_pos, s_names):
+        fun = self.fun
+        out_tree: list = [None]
+
+        def flat_fun(*flat):
+            a, k = jax.tree_util.tree_unflatten(in_tree, list(flat))
+            a = tuple(args[i] if i in s_pos else x for i, x in enumerate(a))
+            k = {n: (kwargs[n] if n in s_names else x) for n, x in k.items()}
+            return fun(*a, **k)
+
+        def screened(*flat):
+            closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
+            out_tree[0] = jax.tree_util.tree_structure(shape)
+            ev = _Screen()
+            deps = [_is_float(a) or jnp.asarray(a).dtype.kind in "iub" for a in flat]
+            outs, _ = ev.run_closed(closed, list(flat), deps)
+            return outs, ev.count
+
+        return jax.jit(screened), out_tree
 
 
 # -- tracing helpers ------------------------------------------------------------------------
@@ -887,6 +1164,20 @@ def scan_kinks(fun: Callable, args: tuple, kwargs: dict):
     return closed, flat_args, ev
 
 
+def _screen_ok(fun: Callable, args: tuple, kwargs: dict) -> bool:
+    """Whether the arguments can go to the compiled screen as they are (bad ones go to the
+    full evaluation, which explains what is wrong with them)."""
+    info = getattr(fun, "_jit_info", None)
+    s_pos = set(getattr(info, "static_argnums", ()) or ())
+    s_names = set(getattr(info, "static_argnames", ()) or ())
+    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
+    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
+    labels, leaves = arg_labels(fun, dyn_args, dyn_kwargs)
+    check_args(leaves, labels, "sanitize")
+    return all(isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+               for x in leaves)
+
+
 def sanitize(fun: Callable, *, ignore: Sequence[str] = (), argnums: Sequence[int] | int | None = None,
              directions: int = 2) -> Callable[..., Report]:
     """Wrap ``fun`` so that calling it returns a :class:`gradsan.Report`: everything
@@ -911,9 +1202,24 @@ def sanitize(fun: Callable, *, ignore: Sequence[str] = (), argnums: Sequence[int
     check_callable(fun, "sanitize")
     nums = (argnums,) if isinstance(argnums, int) else (tuple(argnums) if argnums is not None else None)
 
+    screener = _Screener(fun)
+
     @functools.wraps(fun)
     def sanitized(*args: Any, **kwargs: Any) -> Report:
-        report = diagnose(fun, args, kwargs, who="sanitize")
+        outputs = kinks = bad = None
+        if _screen_ok(fun, args, kwargs):
+            try:
+                outputs, kinks, bad = screener(args, kwargs)
+            except Exception:  # anything the screen cannot trace: the full evaluation says why
+                outputs = None
+        if outputs is not None and not bad:
+            report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"),
+                            backend="jax")
+            if not kinks:
+                return report
+        else:
+            report = diagnose(fun, args, kwargs, who="sanitize",
+                              **({} if outputs is None else {"outputs": outputs}))
         ign = set(ignore)
         report.findings = [f for f in report.findings
                            if f.catalog_id not in ign and f.primitive not in ign]
