@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -21,6 +21,43 @@ from ._source import custom_vjp_rule_frame, exclude_gradsan
 
 exclude_gradsan()
 
+
+
+# -- one call, flattened ------------------------------------------------------------------------
+
+
+class FlatCall(NamedTuple):
+    """``fun(*args, **kwargs)`` as a function of its flat array leaves. A jitted ``fun``'s
+    static arguments stay Python values, bound in ``fun`` (they flatten to no leaves)."""
+
+    flat: list
+    in_tree: Any
+    fun: Callable  # flat leaves -> outputs; a fresh closure per call (make_jaxpr caches per callable)
+    dyn_args: tuple
+    dyn_kwargs: dict
+    statics: tuple  # the static values, hashable (a cache key together with in_tree)
+
+
+def flatten_call(fun: Callable, args: tuple, kwargs: dict,
+                 traced: Callable | None = None) -> FlatCall:
+    info = getattr(fun, "_jit_info", None)
+    s_pos = set(getattr(info, "static_argnums", ()) or ())
+    s_names = set(getattr(info, "static_argnames", ()) or ())
+    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
+    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
+    flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    pos = {i: args[i] for i in s_pos if i < len(args)}
+    names = {k: kwargs[k] for k in s_names if k in kwargs}
+    target = traced or fun
+
+    def flat_fun(*leaves):
+        a, k = jax.tree_util.tree_unflatten(in_tree, list(leaves))
+        a = tuple(pos[i] if i in pos else x for i, x in enumerate(a))
+        k = {n: (names[n] if n in names else x) for n, x in k.items()}
+        return target(*a, **k)
+
+    statics = (tuple(sorted(pos.items())), tuple(sorted(names.items())))
+    return FlatCall(flat, in_tree, flat_fun, dyn_args, dyn_kwargs, statics)
 
 
 # -- input checks -------------------------------------------------------------------------------
@@ -421,25 +458,13 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
     ``trace_fun`` computes the same outputs and is what gets traced (guard passes its already
     compiled twin, whose trace jax has cached).
     """
-    traced = trace_fun or fun
-    # a jitted function's static arguments stay Python values (None flattens to no leaves)
-    info = getattr(fun, "_jit_info", None)
-    s_pos = set(getattr(info, "static_argnums", ()) or ())
-    s_names = set(getattr(info, "static_argnames", ()) or ())
-    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
-    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
-    labels, leaves = arg_labels(fun, dyn_args, dyn_kwargs)
+    call = flatten_call(fun, args, kwargs, trace_fun)
+    labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
     check_args(leaves, labels, who)
-    flat_args, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-
-    def flat_fun(*flat):  # a fresh closure per call: make_jaxpr caches per callable (P7)
-        a, k = jax.tree_util.tree_unflatten(in_tree, list(flat))
-        a = tuple(args[i] if i in s_pos else x for i, x in enumerate(a))
-        k = {n: (kwargs[n] if n in s_names else x) for n, x in k.items()}
-        return traced(*a, **k)
+    flat_args = call.flat
 
     try:
-        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat_args)
+        closed, out_shape = jax.make_jaxpr(call.fun, return_shape=True)(*flat_args)
     except TypeError as e:
         msg = str(e)
         if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():

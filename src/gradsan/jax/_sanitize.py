@@ -27,7 +27,7 @@ from .. import _catalog
 from .._catalog._classify import classify, format_value, kink_mask
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
-from ._explain import arg_labels, check_args, check_callable, diagnose
+from ._explain import arg_labels, check_args, check_callable, diagnose, flatten_call
 from ._guard import _host_flag
 from ._interpret import _closed, _is_library_body, _library_name, _np
 from ._interpret import bind_eqn as _bind
@@ -651,35 +651,23 @@ class _Screener:
         self.cache: dict = {}
 
     def __call__(self, args: tuple, kwargs: dict):
-        info = getattr(self.fun, "_jit_info", None)
-        s_pos = tuple(sorted(getattr(info, "static_argnums", ()) or ()))
-        s_names = tuple(sorted(getattr(info, "static_argnames", ()) or ()))
-        dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
-        dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
-        flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        statics = (tuple((i, args[i]) for i in s_pos if i < len(args)),
-                   tuple((k, kwargs[k]) for k in s_names if k in kwargs))
-        key = (in_tree, statics)
+        call = flatten_call(self.fun, args, kwargs)
+        key = (call.in_tree, call.statics)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self.cache[key] = self._build(args, kwargs, in_tree, s_pos, s_names)
+            entry = self.cache[key] = self._build(call.fun)
         jitted, out_tree = entry
-        flat = [jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a for a in flat]
+        flat = [jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a
+                for a in call.flat]
         outs, kinks = jitted(*flat)
         # finiteness on the host: a reduction per leaf in the program would triple its compile
         # time on a net with hundreds of parameter arrays
         bad = not (_host_flag(flat) and _host_flag(outs))
         return jax.tree_util.tree_unflatten(out_tree[0], outs), int(kinks), bad
 
-    def _build(self, args, kwargs, in_tree, s_pos, s_names):
-        fun = self.fun
+    @staticmethod
+    def _build(flat_fun: Callable):
         out_tree: list = [None]
-
-        def flat_fun(*flat):
-            a, k = jax.tree_util.tree_unflatten(in_tree, list(flat))
-            a = tuple(args[i] if i in s_pos else x for i, x in enumerate(a))
-            k = {n: (kwargs[n] if n in s_names else x) for n, x in k.items()}
-            return fun(*a, **k)
 
         def screened(*flat):
             closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
@@ -697,23 +685,11 @@ class _Screener:
 
 def trace(fun: Callable, args: tuple, kwargs: dict):
     """(closed jaxpr, flat args) of ``fun`` at ``args``; static arguments of a jit stay bound."""
-    info = getattr(fun, "_jit_info", None)
-    s_pos = set(getattr(info, "static_argnums", ()) or ())
-    s_names = set(getattr(info, "static_argnames", ()) or ())
-    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
-    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
-    flat_args, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-
-    def flat_fun(*flat):
-        a, k = jax.tree_util.tree_unflatten(in_tree, list(flat))
-        a = tuple(args[i] if i in s_pos else x for i, x in enumerate(a))
-        k = {n: (kwargs[n] if n in s_names else x) for n, x in k.items()}
-        return fun(*a, **k)
-
+    call = flatten_call(fun, args, kwargs)
     flat_args = [jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a
-                 for a in flat_args]
-    closed = jax.make_jaxpr(flat_fun)(*flat_args)
-    return closed, flat_args, in_tree
+                 for a in call.flat]
+    closed = jax.make_jaxpr(call.fun)(*flat_args)
+    return closed, flat_args, call.in_tree
 
 
 def _leaf_owner(args: tuple, kwargs: dict) -> list[int | str]:
@@ -1167,12 +1143,8 @@ def scan_kinks(fun: Callable, args: tuple, kwargs: dict):
 def _screen_ok(fun: Callable, args: tuple, kwargs: dict) -> bool:
     """Whether the arguments can go to the compiled screen as they are (bad ones go to the
     full evaluation, which explains what is wrong with them)."""
-    info = getattr(fun, "_jit_info", None)
-    s_pos = set(getattr(info, "static_argnums", ()) or ())
-    s_names = set(getattr(info, "static_argnames", ()) or ())
-    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
-    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
-    labels, leaves = arg_labels(fun, dyn_args, dyn_kwargs)
+    call = flatten_call(fun, args, kwargs)
+    labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
     check_args(leaves, labels, "sanitize")
     return all(isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
                for x in leaves)
