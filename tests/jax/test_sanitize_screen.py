@@ -109,3 +109,15 @@ def test_jitted_with_static_argument():
     assert len(sc.cache) == 2  # one screen per static value
     r = gsj.sanitize(f)(jnp.float32(0.0), 3)
     assert [g.catalog_id for g in r.findings] == ["abs-at-zero"]
+
+
+def test_isnan_is_not_a_boundary():
+    # jnp.isnan(x) is x != x: a value compared with itself is constant near every finite x
+    def f(x):
+        return jnp.where(jnp.isnan(x), 0.0, x).sum()
+
+    x = jnp.array([1.0, jnp.nan])
+    for fun in (f, jax.grad(f)):
+        assert gsj.sanitize(fun)(x).findings == []
+        assert screen(fun, x)[1] == 0
+        assert full_kinks(fun, x) == []

@@ -150,6 +150,16 @@ def _params(prim: str, params: dict, invals: list) -> dict:
     return p
 
 
+def _is_boundary(eqn, invals: list) -> bool:
+    """Whether a comparison can sit on the boundary of a continuous function's pieces: integer
+    comparisons are discrete, and a value compared with itself (``isnan`` is ``x != x``) is
+    constant around every finite point."""
+    if not (_is_float(invals[0]) or _is_float(invals[1])):
+        return False
+    a, b = eqn.invars[0], eqn.invars[1]
+    return not (a is b and not isinstance(a, jcore.Literal))
+
+
 # -- the evaluator --------------------------------------------------------------------------
 
 
@@ -380,8 +390,8 @@ class KinkEval:
     def _classify(self, eqn, key, invals, deps, outs, scope: Scope) -> None:
         name = eqn.primitive.name
         if name in COMPARISONS:
-            if not (_is_float(invals[0]) or _is_float(invals[1])):
-                return  # integer comparisons are discrete: not a boundary of a continuous f
+            if not _is_boundary(eqn, invals):
+                return
             lhs, rhs = _np(invals[0]), _np(invals[1])
             with np.errstate(all="ignore"):
                 eqm = np.broadcast_to(lhs == rhs, np.shape(outs[0]))
@@ -545,7 +555,7 @@ class _Screen(KinkEval):
     def _classify(self, eqn, key, invals, deps, outs, scope: Scope) -> None:
         name = eqn.primitive.name
         if name in COMPARISONS:  # a boundary only once a select with live cases uses it
-            if _is_float(invals[0]) or _is_float(invals[1]):
+            if _is_boundary(eqn, invals):
                 self.cmps[id(outs[0])] = (outs[0], jnp.asarray(invals[0]) == jnp.asarray(invals[1]))
             return
         if name == "select_n":
