@@ -209,6 +209,7 @@ def overhead(name: str, loss_fn: Callable, params: Any, batch: tuple, rounds: in
     finally:
         if gc_was:
             gc.enable()
+    floor_ms = read_floor_ms(variants["plain"](*args))
     print(f"\n{name}: {rounds} rounds (+{warmup} warm-up), paired alternating medians")
     print(f"  {'model':<12} {'variant':<11} {'median ms':>10} {'ratio':>7} "
           f"{'ratio IQR':>13} {'1st call s':>10}")
@@ -221,7 +222,27 @@ def overhead(name: str, loss_fn: Callable, params: Any, batch: tuple, rounds: in
         result(f"{name}.{v}.ms", f"{med_ms:.2f}")
         result(f"{name}.{v}.ratio", f"{med_r:.3f}")
         result(f"{name}.{v}.first_call_s", f"{compile_s[v]:.2f}")
+    plain_ms = statistics.median(times["plain"]) * 1e3
+    print(f"  one read of every output on the host (numpy, the fastest exact check we found): "
+          f"{floor_ms:.2f} ms = {1 + floor_ms / plain_ms:.3f}x the plain step")
+    result(f"{name}.read_floor.ms", f"{floor_ms:.2f}")
+    result(f"{name}.read_floor.ratio", f"{1 + floor_ms / plain_ms:.3f}")
     sys.stdout.flush()
+
+
+def read_floor_ms(out: Any, reps: int = 50) -> float:
+    """Median time to read every float output once and decide finiteness (a dot product with
+    zeros: 0 * x is 0 for finite x and NaN otherwise). No exact check can read less."""
+    leaves = [np.asarray(x).reshape(-1) for x in jax.tree_util.tree_leaves(block(out))
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    zeros = [np.zeros_like(x) for x in leaves]
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ok = all(np.isfinite(np.dot(x, z)) for x, z in zip(leaves, zeros))
+        ts.append(time.perf_counter() - t0)
+    assert ok
+    return statistics.median(ts) * 1e3
 
 
 def part1(rounds: int | None, warmup: int, quick: bool) -> None:
