@@ -104,6 +104,11 @@ def cost(layers: int, width: int) -> None:
     for _ in range(10):
         jax.block_until_ready(fast(params, x, y))
     warm = (time.perf_counter() - t0) / 10
+    t0 = time.perf_counter()
+    jax.make_jaxpr(lambda *a: step(*a))(params, x, y)
+    trace = time.perf_counter() - t0
+    print(f"{layers}-layer MLP: tracing the step to a jaxpr alone takes {trace:.2f} s = "
+          f"{trace / warm:.0f}x a warm step (what any tool that reads the program pays once)")
     san = gsj.sanitize(step)
     t0 = time.perf_counter()
     r = san(params, x, y)
