@@ -584,17 +584,43 @@ def _atan2(y, x):
     return jnp.arctan2(y, x)
 
 
+def _pow2_scale(m: jax.Array) -> jax.Array:
+    """A power of two ``k`` for ``m = |x| + |y|`` (``max(|x|, |y|)`` up to a factor 2): with
+    it, ``(k x)**2 + (k y)**2`` and its reciprocal are normal numbers, and so is the square of
+    a component down to ``eps`` times the other (its share of the sum). ``k = 1`` for moderate
+    ``m`` (float32: ``2**-39 <= m <= 2**62``), one power above and one below, so the scaling
+    is exact. For float32 and float64 (``_atan2_coefs`` computes smaller ones in float32)."""
+    fi = jnp.finfo(m.dtype)  # the normal numbers are [2**minexp, 2**maxexp)
+    lo = -(-(fi.minexp + 2 * fi.nmant) // 2)  # max >= 2**lo: (eps max)**2 is normal
+    hi = (fi.maxexp - 1) // 2 - 1  # max <= 2**hi: 2 max**2 and its reciprocal are normal
+    k_small, k_big = 2.0 ** (lo - fi.minexp), 2.0 ** (hi - fi.maxexp)
+    k = jnp.where(m > 2.0**hi, k_big, jnp.where(m < 2.0 ** (lo + 1), k_small, 1.0))
+    return k.astype(m.dtype)
+
+
+def _atan2_coefs(y, x):
+    """``(x, -y) / (x**2 + y**2)``, 0 at the origin (and for NaN), on ``(x, y)`` scaled by a
+    power of two ``k`` so that the squares neither overflow nor underflow: ``x / (x**2 +
+    y**2) = k (k x) / ((k x)**2 + (k y)**2)``, the factor ``k`` applied last. One division and
+    one fused loop, as the naive rule; ``+0``, not ``-0``, at the origin."""
+    if jnp.finfo(x.dtype).bits < 32:  # float32 holds their squares: no scaling needed there
+        dy, dx = _atan2_coefs(y.astype(jnp.float32), x.astype(jnp.float32))
+        return dy.astype(x.dtype), dx.astype(x.dtype)
+    m = jnp.abs(x) + jnp.abs(y)  # cheaper than the max
+    ok = m > 0
+    k = _pow2_scale(m)
+    xs, nys = jnp.where(ok, x * k, 0), jnp.where(ok, -y * k, 0)
+    s = xs * xs + nys * nys
+    pos = s > 0
+    c = jnp.where(pos, 1 / _mask(pos, s), 0)
+    return (xs * c) * k, (nys * c) * k
+
+
 @_atan2.defjvp
 def _atan2_jvp(primals, tangents):
     (y, x), (ty, tx) = primals, tangents
-    out = _atan2(y, x)
-    h = jnp.hypot(x, y)
-    pos = h > 0
-    hs = _mask(pos, h)
-    # d/dy = x / h**2, d/dx = -y / h**2, written to avoid overflow and underflow of h**2.
-    dy = jnp.where(pos, (x / hs) / hs, 0)
-    dx = jnp.where(pos, -(y / hs) / hs, 0)
-    return out, dy * ty + dx * tx
+    dy, dx = _atan2_coefs(y, x)
+    return _atan2(y, x), dy * ty + dx * tx
 
 
 def atan2(y: ArrayLike, x: ArrayLike) -> jax.Array:
@@ -604,8 +630,9 @@ def atan2(y: ArrayLike, x: ArrayLike) -> jax.Array:
     ``(x, -y) / (x**2 + y**2)`` away from the origin; except under differentiation, we take
     **(0, 0) at the origin**. **This is a convention only: atan2 is discontinuous at the
     origin, so no gradient, and no subgradient, exists there.** (PyTorch returns the same
-    ``[0, 0]``; JAX returns NaN.) Away from the origin the gradient is computed through
-    ``hypot``, so it does not overflow or underflow where ``x**2 + y**2`` would.
+    ``[0, 0]``; JAX returns NaN.) Away from the origin the gradient is computed on ``(x, y)``
+    scaled by a power of two, so it does not overflow or underflow where ``x**2 + y**2``
+    would (at ``|(x, y)| ~ 1e-30`` or ``1e30`` in float32).
 
     Example:
         >>> import jax
@@ -1055,17 +1082,33 @@ def _prep_mask(x, where):
     return x, jnp.broadcast_to(jnp.asarray(where, bool), x.shape), True
 
 
+def _lse_parts(x, mask, axes, masked):
+    """``jax.nn.logsumexp(x, axes, keepdims=True, where=mask)``, op for op, and its ``exp(x -
+    max)`` and sum, for the derivative to reuse. ``safe.log`` in place of ``jnp.log`` (the
+    same values) keeps second derivatives finite on fully masked rows."""
+    where = mask if masked else None
+    a = jnp.where(mask, x, 0) if masked else x
+    amax = jnp.max(a.real, axis=axes, keepdims=True, where=where, initial=-jnp.inf)
+    amax = lax.stop_gradient(lax.select(jnp.isfinite(amax), amax, lax.full_like(amax, 0)))
+    e = lax.exp(lax.sub(a, amax.astype(a.dtype)))
+    s = jnp.sum(e, axis=axes, keepdims=True, where=where)
+    sa = s if jnp.iscomplexobj(s) else jnp.abs(s)
+    return lax.add(log(sa), amax.astype(sa.dtype)), e, s
+
+
 @ft.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _lse_keep(x, mask, axes, masked):
-    return jax.nn.logsumexp(x, axis=axes, keepdims=True, where=mask if masked else None)
+    return _lse_parts(x, mask, axes, masked)[0]
 
 
 @_lse_keep.defjvp
 def _lse_keep_jvp(axes, masked, primals, tangents):
     (x, mask), (t, _) = primals, tangents
-    out = _lse_keep(x, mask, axes, masked)
+    out, e, s = _lse_parts(x, mask, axes, masked)
+    # softmax = exp(x - max) / sum, from the forward pass's own exp; one select masks the
+    # rows whose value is not finite (fully masked, +-inf) and the masked entries
     fin = jnp.isfinite(out)
-    p = jnp.where(mask & fin, jnp.exp(x - _mask(fin, out, 0.0)), 0)
+    p = jnp.where(mask & fin if masked else fin, e / _mask(fin, s), 0)
     return out, jnp.sum(p * t, axis=axes, keepdims=True)
 
 
@@ -1129,19 +1172,42 @@ def softmax(x: ArrayLike, axis: int = -1, where: ArrayLike | None = None) -> jax
          [0.  0. ]]
     """
     x, mask, masked = _prep_mask(x, where)
+    if not masked:  # nothing masked: jax.nn.softmax's own derivative is this one
+        return jax.nn.softmax(x, axis=axis)
     return _softmax(x, mask, axis % x.ndim, masked)
+
+
+def _log_softmax_parts(x, mask, axis, masked):
+    """``jax.nn.log_softmax(x, axis, where=mask)``, op for op, and its ``exp(x - max)`` and
+    sum. On masked rows a row maximum of -inf (a fully masked row) is taken as 0 so that
+    ``exp`` sees -inf and not NaN there (the values are -inf either way); ``safe.log`` keeps
+    second derivatives finite on such rows."""
+    where = mask if masked else None
+    x_max = jnp.max(x, axis, where=where, initial=-jnp.inf, keepdims=True)
+    if masked:
+        x_max = jnp.where(x_max == -jnp.inf, 0, x_max)
+    x_safe = jnp.where(mask, x, -jnp.inf) if masked else x
+    shifted = x_safe - lax.stop_gradient(x_max)
+    e = jnp.exp(shifted)
+    s = jnp.sum(e, axis, where=where, keepdims=True)
+    result = shifted - log(s)
+    if masked:
+        result = jnp.where(mask, result, -jnp.inf)
+    return result, e, s
 
 
 @ft.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _log_softmax(x, mask, axis, masked):
-    return jax.nn.log_softmax(x, axis=axis, where=mask if masked else None)
+    return _log_softmax_parts(x, mask, axis, masked)[0]
 
 
 @_log_softmax.defjvp
 def _log_softmax_jvp(axis, masked, primals, tangents):
     (x, mask), (t, _) = primals, tangents
-    out = _log_softmax(x, mask, axis, masked)
-    p = jnp.where(mask, jnp.exp(out), 0)
+    out, e, s = _log_softmax_parts(x, mask, axis, masked)
+    # softmax = e / s from the forward pass's own exp and sum; 0 on masked entries and
+    # fully masked rows
+    p = jnp.where(mask, e / _mask(s > 0, s), 0)
     return out, jnp.where(mask, t - jnp.sum(p * t, axis=axis, keepdims=True), 0)
 
 
@@ -1160,6 +1226,8 @@ def log_softmax(x: ArrayLike, axis: int = -1, where: ArrayLike | None = None) ->
         [-inf -inf]
     """
     x, mask, masked = _prep_mask(x, where)
+    if not masked:  # nothing masked: jax.nn.log_softmax's own derivative is this one
+        return jax.nn.log_softmax(x, axis=axis)
     return _log_softmax(x, mask, axis % x.ndim, masked)
 
 

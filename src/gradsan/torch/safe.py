@@ -736,12 +736,10 @@ arctan2 = atan2
 # Kinks.
 
 
-abs = _unary(
-    torch.abs,
-    lambda x, y: torch.sign(x),
-    "abs",
+def abs(x) -> Tensor:
     """``torch.abs(x)``, derivative ``sign(x)``: **0 at 0**, the minimum-norm element of
-    ``[-1, 1]``.
+    ``[-1, 1]``. This is ``torch.abs``'s own derivative (``grad * sgn(x)``), so it is
+    ``torch.abs`` itself: no ``autograd.Function`` and no extra pass.
 
     Example:
         >>> import torch
@@ -749,8 +747,8 @@ abs = _unary(
         >>> x = torch.tensor(0.0, requires_grad=True)
         >>> safe.abs(x).backward(); print(x.grad)
         tensor(0.)
-    """,
-)
+    """
+    return torch.abs(_inexact(x))
 
 
 class _MinMax(torch.autograd.Function):
@@ -772,27 +770,40 @@ class _MinMax(torch.autograd.Function):
 
 
 class _Clip(torch.autograd.Function):
-    """``minimum(maximum(x, lo), hi)`` for bounds ``lo < hi`` that need no gradient: one clamp,
-    and the same derivative: 1 inside, 0.5 at a bound, 0 outside (and for NaN)."""
+    """``minimum(maximum(x, lo), hi)`` for finite bounds ``lo < hi`` that need no gradient: one
+    clamp, and the same derivative: 1 inside, 0.5 at a bound, 0 outside (and for NaN)."""
 
     @staticmethod
     def forward(ctx, x, lo, hi):
         out = torch.clamp(x, lo, hi)
-        ctx.save_for_backward(x, out)
+        ctx.save_for_backward(x)
         ctx.lo, ctx.hi = lo, hi
         return out
 
     @staticmethod
     def backward(ctx, g):
-        x, out = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
         lo, hi = ctx.lo, ctx.hi
-        inside = torch.gt(x, lo).logical_and_(torch.lt(x, hi))
-        if _fast():
-            # no x on a bound: out == x exactly on the inside
-            if int(torch.count_nonzero(inside)) == int(torch.count_nonzero(torch.eq(out, x))):
-                return torch.mul(g, inside), None, None
+        if _fast() and x.numel() and not math.isnan(x.amin().item()):
+            # hardtanh's derivative is 1 on the open interval (lo, hi); on (lo-, hi+), the
+            # neighbours of the bounds in x's dtype, it is 1 on the closed [lo, hi]. Their
+            # mean is 1 inside, 1/2 on a bound, 0 outside: float kernels only, where torch's
+            # comparisons make slow bool temporaries. hardtanh_backward passes g on at NaN,
+            # hence the check; g / 2 + g / 2 == g for every g but an odd subnormal.
+            lo_, hi_ = _neighbours(lo, hi, x.dtype)
+            out = torch.ops.aten.hardtanh_backward(g, x, lo, hi).mul_(0.5)
+            closed = torch.ops.aten.hardtanh_backward(g, x, lo_, hi_)
+            return out.add_(closed, alpha=0.5), None, None
+        inside = (x > lo) & (x < hi)
         w = torch.where(inside, 1.0, torch.where((x == lo) | (x == hi), 0.5, 0.0)).to(g.dtype)
         return g * w, None, None
+
+
+def _neighbours(lo: float, hi: float, dtype: torch.dtype) -> tuple[float, float]:
+    """The floats of ``dtype`` just below ``lo`` and just above ``hi``."""
+    t = torch.tensor([lo, hi], dtype=dtype)
+    out = torch.nextafter(t, torch.tensor([-math.inf, math.inf], dtype=dtype))
+    return out[0].item(), out[1].item()
 
 
 def maximum(x, y) -> Tensor:
@@ -837,7 +848,7 @@ def clip(x, min=None, max=None) -> Tensor:
     if _plain_bound(min) and _plain_bound(max) and not x.is_complex():
         lo = torch.as_tensor(min, dtype=x.dtype).item()  # rounded to x's dtype, as below
         hi = torch.as_tensor(max, dtype=x.dtype).item()
-        if lo < hi:
+        if lo < hi and math.isfinite(lo) and math.isfinite(hi):
             return _Clip.apply(x, lo, hi)
     if min is not None:
         x = maximum(x, torch.as_tensor(min, dtype=x.dtype))
