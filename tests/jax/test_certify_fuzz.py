@@ -1,7 +1,15 @@
 """Fuzzing gradsan.jax.certify: random programs evaluated exactly at singular points, against
-mpmath one-sided difference quotients at 60 digits. No silent wrong answer is allowed: a DEFINED
+mpmath one-sided difference quotients at 120 digits. No silent wrong answer is allowed: a DEFINED
 gradient must match the quotient's limit, and a SINGULAR verdict must come with a quotient that
-does not converge. The UNDECIDED rate is printed (target: below 2%)."""
+does not converge. The UNDECIDED rate is printed, and held below 2% on these (derandomized)
+examples at depth 5 and at depth 8; other samples of the same generator vary (2-7% at depth 8,
+mostly the cases below).
+
+What is left UNDECIDED is mostly a value that is infinite or undefined all along the ray and
+decides a branch: x / 0 of an identically zero value, whose sign is the sign of a floating-point
+zero (which the series do not track, and which this oracle ignores: it takes sign(x) * inf);
+then oscillations with no limit (sin of a pole, cos(log t)), overflow (exp of exp of exp) and
+1 / log t, none of which has a series."""
 
 from __future__ import annotations
 
@@ -203,23 +211,22 @@ def _run_fuzz(max_examples: int, depth: int):
     inner()
     rays = max(1, stats["rays"])
     rate = stats["UNDECIDED"] / rays
+    honest = (stats["UNDECIDED"] - stats["undecided_degenerate"]) / rays
     print(f"\ncertify fuzz: {stats['rays']} rays, verdicts "
           f"{ {k: stats[k] for k in ('DEFINED', 'REMOVABLE', 'SINGULAR', 'DISCONTINUOUS', 'DOMAIN', 'UNDECIDED')} }, "
           f"skipped {stats['skip']}, UNDECIDED rate {100 * rate:.1f}% "
           f"({100 * (stats['UNDECIDED'] - stats['undecided_degenerate']) / rays:.1f}% excluding "
           "programs whose value is infinite or undefined on the whole ray)")
     assert not failures, "silent wrong answers:\n" + "\n".join(failures[:20])
-    return rate
+    return rate, honest
 
 
 def test_fuzz_no_silent_wrong_answers():
-    rate = _run_fuzz(max_examples=120, depth=5)
-    assert rate < 0.10
+    rate, honest = _run_fuzz(max_examples=120, depth=5)
+    assert rate < 0.02 and honest < 0.02
 
 
 @pytest.mark.slow
 def test_fuzz_no_silent_wrong_answers_large():
-    rate = _run_fuzz(max_examples=150, depth=8)
-    # deep programs stack where/max/min on values that cancel beyond the horizon: about a third
-    # of the rays are UNDECIDED at depth 8 (an honest answer, never a wrong number)
-    assert rate < 0.5
+    rate, honest = _run_fuzz(max_examples=150, depth=8)
+    assert rate < 0.02 and honest < 0.02

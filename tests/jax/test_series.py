@@ -108,3 +108,57 @@ def test_vectorized_per_element_valuations():
     assert float(r.coef(Fr(1, 2))[0]) == 1.0 and float(r.coef(Fr(1, 2))[1]) == 0.0
     assert float(r.coef()[1]) == 2.0 and float(r.coef(Fr(1))[1]) == 0.25
     assert np.isinf(r.H[0]) and r.H[1] == 3.0
+
+
+def test_interned_exponents_hash_and_compare_like_fractions():
+    a, b = S.q(Fr(1, 2)), S.q(Fr(2, 4))
+    assert a is b and a == Fr(1, 2) and hash(a) == hash(Fr(1, 2)) and float(a) == 0.5
+    s = a + S.q(Fr(1, 3))
+    assert type(s) is S.Q and s == Fr(5, 6) and s is S.q(Fr(5, 6))
+    assert type(a - 1) is S.Q and type(1 - a) is S.Q and type(-a) is S.Q and type(2 * a) is S.Q
+    assert {(Fr(1, 2), 0): 1}[(a, 0)] == 1  # keys made of plain fractions still match
+
+
+def test_a_minus_a_is_exactly_zero_whatever_its_horizon():
+    with S.capped(1.5):
+        a = S.analytic(S.add_const(T, 0.3), S.taylor_tanh)  # truncated: H = 2
+    assert np.isfinite(a.H) and S.exact_zero(S.sub(a, a))
+    assert not S.exact_zero(S.sub(a, S.analytic(S.add_const(T, 0.3), S.taylor_tanh)))
+
+
+def test_signed_infinities():
+    z = Series.zeros(())
+    lz = S.log(z)  # log 0 = -inf for every t
+    assert lz.bad == POISON and S.inf_code(lz) == -S.HARD
+    assert S.inf_code(S.add(lz, S.Series.exact(3.0))) == -S.HARD  # -inf + finite
+    assert S.inf_code(S.mul(lz, S.Series.exact(-2.0))) == S.HARD  # -inf * -2
+    assert S.inf_code(S.mul(lz, z)) == 0 and S.mul(lz, z).bad == POISON  # inf * 0: NaN
+    assert S.inf_code(S.power(z, Fr(-1))) == S.ANYHARD  # 1 / 0: the sign is the zero's
+    inv = S.power(lz, Fr(-1))  # 1 / -inf = 0 for every t
+    assert inv.bad == OK and S.exact_zero(inv)
+    assert S.exact_zero(S.exp(lz))  # exp(-inf) = 0
+    assert S.inf_code(S.log(S.neg(lz))) == S.HARD  # log(+inf) = +inf
+    assert S.log(lz).bad == DOMAIN  # log(-inf)
+
+
+def test_a_leading_log_decides_sign_and_domain():
+    lt = S.log(T)  # log t < 0
+    assert S.power(lt, Fr(1, 2)).bad == DOMAIN
+    assert S.log(lt).bad == DOMAIN
+    assert S.inf_code(S.power(lt, Fr(1, 3))) == -S.SOFT  # cbrt(log t) -> -inf, slowly
+    assert S.inf_code(S.log(S.neg(lt))) == S.SOFT  # log(-log t) -> +inf
+
+
+def test_linear_composition_shortcut_matches_the_horner_loop():
+    rng = np.random.default_rng(1)
+    x = S.mk({(S.ZERO, 0): rng.standard_normal(6), (S.ONE, 0): rng.standard_normal(6)},
+             np.full(6, 2.0), np.zeros(6, np.int8))
+    with S.capped(1.5):
+        delta = S.drop_const(x)
+        cs = S.taylor_tanh(x.coef(), 1)
+        fast = S._compose1(delta, lambda n: cs)
+        slow = S.compose(delta, lambda n: cs)
+    assert fast is not None and fast.terms.keys() == slow.terms.keys()
+    for k in fast.terms:
+        np.testing.assert_array_equal(fast.terms[k], slow.terms[k])
+    np.testing.assert_array_equal(fast.H, slow.H)

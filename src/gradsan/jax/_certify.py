@@ -16,6 +16,14 @@ Several rays (v and -v first) certify "not differentiable" (different limits, or
 f'(x; v) + f'(x; -v) != 0) and give the minimum-norm element of the hull of the limits, labelled
 as a Clarke subgradient. The result is checked against itself: G(v) . v must equal the forward
 series' f'(x0; v), or the ray is reported UNDECIDED with an internal-error note.
+
+Cost. One plain (numpy) evaluation at x0 gives f(x0) and the singular points ("events": a zero
+under sqrt or a division, a tie under max, ...). The first pass along the rays keeps the t^0 and
+t^1 terms (all that f'(x0; v) and the limit of the gradient need), with the events and what feeds
+them at the cap of ``terms``, and the reverse sweep keeps the cotangents' terms below t^1; only a
+ray left UNDECIDED is run again with ``terms`` everywhere, then doubled twice. The rays of that
+first pass go through one sweep of the loss vmapped over stacked parameters. Repeated
+subexpressions are evaluated once per ray, so that they tie exactly (a - a, min(a, a), a / a).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from .._report._records import OutputHit
 from . import _series as S
 from ._interpret import _closed
 from ._interpret import bind_eqn as _bind
-from ._series import DOMAIN, OK, POISON, UNDEC, ZERO, Series, Undecided
+from ._series import DOMAIN, OK, POISON, PUNDEC, UNDEC, ZERO, Series, Undecided
 
 __all__ = ["certify"]
 
@@ -89,6 +97,14 @@ def _const_value(v) -> np.ndarray | None:
 class Ctx:
     unverified: set = dataclasses.field(default_factory=set)
     notes: list = dataclasses.field(default_factory=list)
+    # per ray: equations already evaluated, by (primitive, params, identity of the inputs); a
+    # repeated subexpression gets the very same value, so that a - a and min(a, a) are exact
+    memo: dict = dataclasses.field(default_factory=dict)
+    # per equation (id of its jaxpr, index): the truncation cap it runs under, where it differs
+    # from the ambient one (the singular points at x0 and what feeds them: `_at_point`, `_caps`)
+    caps: dict = dataclasses.field(default_factory=dict)
+    bwd_cap: float | None = None  # the reverse sweep's cap, where it differs from the forward's
+    data: list = dataclasses.field(default_factory=list)  # the jaxpr's inputs after the params
 
 
 @dataclasses.dataclass
@@ -122,13 +138,19 @@ def fwd_jaxpr(ctx: Ctx, jaxpr, consts: list, args: list, active_in: Sequence[boo
         ins = [_read(env, v) for v in eqn.invars]
         act = [(not isinstance(v, jcore.Literal)) and v in active for v in eqn.invars]
         name = eqn.primitive.name
+        key = _memo_key(eqn, ins) if name in _PURE else None
+        hit = ctx.memo.get(key) if key is not None else None
         rule = FWD.get(name)
-        if rule is None and not any(act):
-            outs, a = _const_eval(eqn, ins), None
-        elif rule is None:
-            outs, a = _fallback_fwd(ctx, eqn, ins, act)
+        c = ctx.caps.get((id(jaxpr), i)) if ctx.caps else None
+        if hit is not None:
+            outs, a = hit[0], hit[1]
+        elif c is not None:
+            with S.capped(c):
+                outs, a = _fwd_rule(ctx, rule, eqn, ins, act)
         else:
-            outs, a = rule(ctx, eqn, ins, act)
+            outs, a = _fwd_rule(ctx, rule, eqn, ins, act)
+        if key is not None and hit is None:
+            ctx.memo[key] = (outs, a, ins)  # ins: keeps the objects whose ids are in the key
         aux[i] = a
         any_act = any(act)
         for v, o in zip(eqn.outvars, outs):
@@ -139,6 +161,42 @@ def fwd_jaxpr(ctx: Ctx, jaxpr, consts: list, args: list, active_in: Sequence[boo
                 active.add(v)
     outs = [_read(env, v) for v in jaxpr.outvars]
     return outs, Tape(jaxpr, env, active, aux)
+
+
+def _fwd_rule(ctx: Ctx, rule, eqn, ins, act):
+    if rule is None and not any(act):
+        return _const_eval(eqn, ins), None
+    if rule is None:
+        return _fallback_fwd(ctx, eqn, ins, act)
+    return rule(ctx, eqn, ins, act)
+
+
+_PARAMS: dict = {}  # id(eqn) -> (eqn, its params as a hashable key or None)
+
+
+def _memo_key(eqn, ins) -> tuple | None:
+    """(primitive, params, inputs): inputs by identity, literals by value; None if unhashable."""
+    hit = _PARAMS.get(id(eqn))
+    if hit is None or hit[0] is not eqn:
+        try:
+            params = tuple(sorted(eqn.params.items()))
+            hash(params)
+        except TypeError:
+            params = None
+        if len(_PARAMS) > 100_000:
+            _PARAMS.clear()
+        hit = _PARAMS[id(eqn)] = (eqn, params)
+    params = hit[1]
+    if params is None:
+        return None
+    keys = []
+    for v, x in zip(eqn.invars, ins):
+        if isinstance(v, jcore.Literal):
+            a = np.asarray(v.val)
+            keys.append(("lit", a.dtype.str, a.shape, a.tobytes()))
+        else:
+            keys.append(id(x))
+    return (eqn.primitive.name, params, tuple(keys))
 
 
 def bwd_jaxpr(ctx: Ctx, tape: Tape, out_cots: list) -> list:
@@ -171,7 +229,12 @@ def bwd_jaxpr(ctx: Ctx, tape: Tape, out_cots: list) -> list:
         rule = BWD.get(eqn.primitive.name)
         if rule is None:
             rule = _fallback_bwd
-        cins = rule(ctx, eqn, ins, outs, tape.aux.get(i), couts, need)
+        c = ctx.caps.get((id(jaxpr), i)) if ctx.caps else None
+        if c is not None:
+            with S.capped(c):
+                cins = rule(ctx, eqn, ins, outs, tape.aux.get(i), couts, need)
+        else:
+            cins = rule(ctx, eqn, ins, outs, tape.aux.get(i), couts, need)
         for v, c, n in zip(eqn.invars, cins, need):
             if n and c is not None:
                 acc(v, _fit(c, _read(tape.env, v).shape))
@@ -194,7 +257,11 @@ def _fit(c: Series, shape) -> Series:
     def f(a, red=np.sum):
         return np.reshape(red(a, axis=axes), shape) if axes else np.reshape(a, shape)
 
-    return S.apply_linear(c, f, functools.partial(f, red=np.min), functools.partial(f, red=np.max))
+    hu = S.uniform_h(c)  # uniform horizon, no flags: no reductions for them
+    fH = (lambda h: np.full(shape, hu)) if hu is not None else functools.partial(f, red=np.min)
+    fbad = (lambda b: np.zeros(shape, np.int8)) if not np.count_nonzero(c.bad) else \
+        functools.partial(f, red=np.max)
+    return S.apply_linear(c, f, fH, fbad)
 
 
 # -- rule registries ---------------------------------------------------------------------------
@@ -261,8 +328,34 @@ def _asin(u):
     return S.sub(Series.exact(np.full(u.shape, np.pi / 2)), _acos(u))
 
 
+def _atan(u):
+    """atan; at a pole, atan(u) = sign(u) pi / 2 - atan(1 / u) with 1 / u of positive valuation."""
+    pole = S._pole_mask(u)
+    if not pole.any():
+        out = S.analytic(u, S.taylor_atan)
+        return out if u.inf is None else S.set_exact(out, *S.hard_limits(u, -np.pi / 2,
+                                                                          np.pi / 2))
+    sg, und = S.sign_of(u)
+    one = Series.exact(np.ones(u.shape))
+    w = S.analytic(S.inv(S.select(pole, u, one)), S.taylor_atan)
+    at_pole = S.sub(Series.exact(np.where(sg < 0, -np.pi / 2, np.pi / 2)), w)
+    regular = S.analytic(S.select(pole, Series.zeros(u.shape), u), S.taylor_atan)
+    return S.flag(S.select(pole, at_pole, regular), pole & und, UNDEC)
+
+
 def _sq(u):
     return S.mul(u, u)
+
+
+def _tanh_exp(u):
+    """tanh u = 1 - 2 / (exp(2 u) + 1)."""
+    return S.sub(Series.exact(np.ones(u.shape)),
+                 S.scale(S.inv(S.add_const(S.exp(S.scale(u, 2.0)), 1.0)), 2.0))
+
+
+def _logistic_exp(u):
+    """logistic u = 1 / (1 + exp(-u))."""
+    return S.inv(S.add_const(S.exp(S.neg(u)), 1.0))
 
 
 def _one_minus_sq(u):
@@ -270,18 +363,26 @@ def _one_minus_sq(u):
 
 
 def _abs_sign(u):
+    """(sign, undecided mask) where u is otherwise fine; flagged elements keep their status."""
     sg, und = S.sign_of(u)
-    return sg, und
+    return sg, und & (u.bad == OK)
 
 
 def _abs(u):
     sg, und = _abs_sign(u)
-    return S.flag(S.scale(u, np.where(sg < 0, -1.0, 1.0)), und, UNDEC)
+    if not und.any() and not (sg < 0).any() and u.inf is None:
+        return u  # the identity (kept as the same value for a - a and a / a)
+    iu, _, hard = S.inf_parts(u)  # |+-inf| = +inf
+    # zero up to the horizon (no known term): so is |u|, whatever the sign (only the partial
+    # of the reverse sweep needs it)
+    unknown = und & (S.val(u) == np.inf)
+    out = S.flag(S.scale(u, np.where(sg < 0, -1.0, 1.0)), und & ~iu & ~unknown, UNDEC)
+    return S.with_inf(out, S.inf_make(iu, np.ones(u.shape), hard))
 
 
 def _abs_partial(u, out):
     sg, und = _abs_sign(u)
-    return S.flag(Series.exact(np.where(sg < 0, -1.0, 1.0)), und, UNDEC)
+    return S.flag(S._keep_bad(Series.exact(np.where(sg < 0, -1.0, 1.0)), u), und, UNDEC)
 
 
 def _sign(u):
@@ -291,7 +392,7 @@ def _sign(u):
 
 def _sign_partial(u, out):
     sg, und = _abs_sign(u)
-    return S.flag(Series.zeros(u.shape), und, UNDEC)
+    return S.flag(S._keep_bad(Series.zeros(u.shape), u), und, UNDEC)
 
 
 _SQRT_PI = 2.0 / math.sqrt(math.pi)
@@ -306,20 +407,22 @@ UNARY: dict[str, tuple[Callable, Callable]] = {
     "exp": (S.exp, lambda u, o: o),
     "exp2": (lambda u: S.exp(S.scale(u, math.log(2))), lambda u, o: S.scale(o, math.log(2))),
     "expm1": (_expm1, lambda u, o: S.add_const(o, 1.0)),
-    "tanh": (lambda u: S.saturating(u, S.taylor_tanh, -1.0, 1.0),
+    "tanh": (lambda u: S.saturating(u, S.taylor_tanh, -1.0, 1.0, _tanh_exp),
              lambda u, o: S.sub(Series.exact(np.ones(u.shape)), _sq(o))),
-    "logistic": (lambda u: S.saturating(u, S.taylor_logistic, 0.0, 1.0),
+    "logistic": (lambda u: S.saturating(u, S.taylor_logistic, 0.0, 1.0, _logistic_exp),
                  lambda u, o: S.sub(o, _sq(o))),
     "erf": (lambda u: S.saturating(u, S.taylor_erf, -1.0, 1.0),
             lambda u, o: S.scale(S.exp(S.neg(_sq(u))), _SQRT_PI)),
     "erfc": (lambda u: S.sub(Series.exact(np.ones(u.shape)),
                              S.saturating(u, S.taylor_erf, -1.0, 1.0)),
              lambda u, o: S.scale(S.exp(S.neg(_sq(u))), -_SQRT_PI)),
-    "sin": (lambda u: S.analytic(u, S.taylor_sin), lambda u, o: S.analytic(u, S.taylor_cos)),
-    "cos": (lambda u: S.analytic(u, S.taylor_cos),
+    "sin": (lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_sin), u),
+            lambda u, o: S.analytic(u, S.taylor_cos)),
+    "cos": (lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_cos), u),
             lambda u, o: S.neg(S.analytic(u, S.taylor_sin))),
-    "tan": (lambda u: S.analytic(u, S.taylor_tan), lambda u, o: S.add_const(_sq(o), 1.0)),
-    "atan": (lambda u: S.analytic(u, S.taylor_atan), lambda u, o: S.inv(S.add_const(_sq(u), 1.0))),
+    "tan": (lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_tan), u),
+            lambda u, o: S.add_const(_sq(o), 1.0)),
+    "atan": (lambda u: _atan(u), lambda u, o: S.inv(S.add_const(_sq(u), 1.0))),
     "atanh": (_atanh, lambda u, o: S.inv(_one_minus_sq(u))),
     "asin": (_asin, lambda u, o: S.power(_one_minus_sq(u), R(-1, 2))),
     "acos": (_acos, lambda u, o: S.neg(S.power(_one_minus_sq(u), R(-1, 2)))),
@@ -407,6 +510,7 @@ def _convert_fwd(ctx, eqn, ins, act):
     rest = S.drop_const(x)
     sg, und = S.sign_of(rest)
     undec = (x.H <= S.EPS) | (x.bad != OK)
+    dom = x.bad == DOMAIN
     if new == np.bool_:
         vals = np.where(c0 != 0, True, sg != 0)
         undec = undec | ((c0 == 0) & und)
@@ -418,7 +522,8 @@ def _convert_fwd(ctx, eqn, ins, act):
             integral & (sg > 0) & (c0 < 0), 1, 0)
         vals = base + step
         undec = undec | (integral & und)
-    return [IntVal(np.asarray(vals).astype(new), np.where(undec, UNDEC, OK))], None
+    return [IntVal(np.asarray(vals).astype(new), np.where(dom, DOMAIN, np.where(
+        undec, np.where(x.bad == POISON, PUNDEC, np.maximum(x.bad, UNDEC)), OK)))], None
 
 
 FWD["convert_element_type"] = _convert_fwd
@@ -467,7 +572,12 @@ def _div_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal):
         return _const_eval(eqn, ins), None
-    return [S.mul(a, S.inv(b))], None
+    out = S.mul(a, S.inv(b))
+    if a is b:  # a / a = 1 exactly wherever a is known to be nonzero for small t
+        nz = S.lead_exact(a)[3] & (a.bad == OK)
+        out = S.select(nz, Series.exact(np.ones(a.shape)), out)
+    # 0 / 0 of identically zero values is undefined everywhere on the ray (NaN)
+    return [S.flag(out, S.exact_zero(a) & S.exact_zero(b), DOMAIN)], None
 
 
 def _div_bwd(ctx, eqn, ins, outs, aux, cots, need):
@@ -571,19 +681,37 @@ BWD["atan2"] = _atan2_bwd
 
 
 def _cmp_sign(a, b):
-    """(sign of a - b as t -> 0+, undecided mask, exact-tie mask)."""
+    """(sign of a - b as t -> 0+, undecided mask, exact-tie mask, status codes: DOMAIN where an
+    operand is outside the domain, else PUNDEC / UNDEC where undecided, else OK).
+
+    A signed infinity (:func:`S.inf_sign`) compares against a bounded value or against the
+    opposite infinity; where either side is outside the domain, so is the comparison."""
     d = S.sub(a, b)
     sg, und = S.sign_of(d)
-    return sg, und, (sg == 0) & ~und
+    shape = d.shape
+    if a.inf is not None or b.inf is not None:
+        _, sa, ha = S.inf_parts(a, shape)
+        _, sb, hb = S.inf_parts(b, shape)
+        # a finite value (for each t) loses to a hard infinity, a bounded one to any infinity
+        fa, fb = np.broadcast_to(a.bad == OK, shape), np.broadcast_to(b.bad == OK, shape)
+        ba, bb = np.broadcast_to(S.bounded(a), shape), np.broadcast_to(S.bounded(b), shape)
+        dec = ((sa != 0) & (((sb != 0) & (sb != sa)) | bb | (ha & fb))) | \
+            ((sb != 0) & (ba | (hb & fa)))
+        sg = np.where(dec, np.where(sa != 0, sa, -sb), sg).astype(np.float64)
+        und = und & ~dec
+    worst = np.maximum(np.broadcast_to(a.bad, shape), np.broadcast_to(b.bad, shape))
+    codes = np.where(worst == DOMAIN, DOMAIN, np.where(
+        und, np.where((worst == POISON) | (worst == PUNDEC), PUNDEC, UNDEC), OK)).astype(np.int8)
+    return sg, und, (sg == 0) & ~und, codes
 
 
 def _maxmin(a: Series, b: Series, big: bool):
     shape = np.broadcast_shapes(a.shape, b.shape)
     a, b = S.bcast(a, shape), S.bcast(b, shape)
-    sg, und, tie = _cmp_sign(a, b)
+    sg, und, tie, codes = _cmp_sign(a, b)
     pick_a = (sg > 0) if big else (sg < 0)
-    out = S.select(pick_a | tie, a, b)
-    out = S.flag(out, und, UNDEC)
+    out = S.flag_codes(S.select(pick_a | tie, a, b), codes)
+    und = np.where(und, codes, OK)
     wa = np.where(tie, 0.5, np.where(pick_a, 1.0, 0.0))
     return out, (wa, 1.0 - wa, und)
 
@@ -597,8 +725,13 @@ def _max_fwd(ctx, eqn, ins, act):
 
 
 def _weighted(c: Series, w, und) -> Series:
-    return S.flag(S.rmul(c, Series.exact(np.asarray(w, np.float64))), np.broadcast_to(und, np.broadcast_shapes(c.shape, np.shape(w))),
-                  UNDEC)
+    """A cotangent times a branch weight; an undecided branch (``und``: its status codes, OK
+    where decided) matters only where the cotangent is not identically zero."""
+    out = S.rmul(c, Series.exact(np.asarray(w, np.float64)))
+    und = np.broadcast_to(und, out.shape)
+    if und.any():
+        und = np.where(np.broadcast_to(S.exact_zero(c), out.shape), OK, und)
+    return S.flag_codes(out, und)
 
 
 def _max_bwd(ctx, eqn, ins, outs, aux, cots, need):
@@ -641,9 +774,15 @@ def _cmp_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal) or isinstance(b, IntVal):
         return _const_eval(eqn, ins), None
-    sg, und, _ = _cmp_sign(a, b)
+    sg, und, _, codes = _cmp_sign(a, b)
     res = _CMP[eqn.primitive.name](sg)
-    return [IntVal(res, np.where(und, UNDEC, OK))], None
+    if a.inf is not None or b.inf is not None:
+        # a NaN for every small t: unordered, as IEEE compares it (only `ne` holds)
+        nan = np.broadcast_to(S.nan_mask(a), res.shape) | np.broadcast_to(S.nan_mask(b), res.shape)
+        if nan.any():
+            res = np.where(nan, eqn.primitive.name == "ne", res)
+            codes = np.where(nan, OK, codes).astype(np.int8)
+    return [IntVal(res, codes)], None
 
 
 for _n in _CMP:
@@ -664,19 +803,34 @@ def _select_fwd(ctx, eqn, ins, act):
     out = cases[-1]
     for k in range(len(cases) - 2, -1, -1):
         out = S.select(p == k, cases[k], out)
-    out = S.flag(out, np.broadcast_to(pred.bad != OK, shape), UNDEC)
-    return [out], None
+    codes = _choice_codes(pred.bad, shape)
+    und = (codes != OK) & (codes != DOMAIN)
+    if und.any():
+        # an undecided choice: the status of whichever case the placeholder picked says nothing
+        # (it is outside the domain for sure only where every case is)
+        every = np.logical_and.reduce([np.broadcast_to(c.bad == DOMAIN, shape) for c in cases])
+        out = S.mk(out.terms, out.H, np.where(und & ~every, codes, out.bad), shape)
+    return [S.flag_codes(out, codes)], None
+
+
+def _choice_codes(bad, shape) -> np.ndarray:
+    """The status of a value chosen by an index or predicate with status ``bad``."""
+    b = np.broadcast_to(bad, shape)
+    return np.where(b == POISON, PUNDEC, np.where(b == OK, OK, np.maximum(b, PUNDEC))).astype(
+        np.int8)
 
 
 def _select_bwd(ctx, eqn, ins, outs, aux, cots, need):
     pred = ins[0]
     c = cots[0]
     p = np.broadcast_to(pred.x.astype(np.int64), c.shape)
-    und = np.broadcast_to(pred.bad != OK, c.shape)
+    und = _choice_codes(pred.bad, c.shape)
+    if und.any():  # an undecided choice matters only where the cotangent is not exactly zero
+        und = np.where(S.exact_zero(c), OK, und)
     res: list = [None]
     for k in range(len(ins) - 1):
         if need[k + 1]:
-            res.append(S.flag(S.restrict(c, p == k), und, UNDEC))
+            res.append(S.flag_codes(S.restrict(c, p == k), und))
         else:
             res.append(None)
     return res
@@ -716,9 +870,14 @@ def _lin_rule(fwd_np: Callable, bwd_np: Callable, reduce: bool = False):
         c = cots[0]
         if reduce:
             return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape))] + [None] * (len(ins) - 1)
-        return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape),
-                               lambda h: bwd_np(eqn, h, shape, fill=np.inf),
-                               lambda b: bwd_np(eqn, b, shape))] + [None] * (len(ins) - 1)
+        # a uniform horizon maps to itself (not for slice: its padding is an exact zero)
+        hu = S.uniform_h(c) if eqn.primitive.name != "slice" else None
+        fH = (lambda h: np.full(shape, hu)) if hu is not None else \
+            (lambda h: bwd_np(eqn, h, shape, fill=np.inf))
+        fbad = (lambda b: np.zeros(shape, np.int8)) if not np.count_nonzero(c.bad) else \
+            (lambda b: bwd_np(eqn, b, shape))
+        return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape), fH, fbad)] + \
+            [None] * (len(ins) - 1)
 
     return fwd, bwd
 
@@ -746,7 +905,8 @@ def _bcast_f(eqn, a, *_):
     exp_shape = [1] * len(shape)
     for i, d in enumerate(dims):
         exp_shape[d] = np.shape(a)[i]
-    return np.broadcast_to(np.reshape(a, exp_shape), shape)
+    r = np.reshape(a, exp_shape)
+    return r if r.shape == tuple(shape) else np.broadcast_to(r, shape)
 
 
 def _bcast_b(eqn, a, shape, fill=0.0):
@@ -754,10 +914,9 @@ def _bcast_b(eqn, a, shape, fill=0.0):
     out_shape = np.shape(a)
     red = [d for d in range(len(out_shape)) if d not in dims]
     red += [d for i, d in enumerate(dims) if shape[i] == 1 and out_shape[d] != 1]
-    fn = np.min if fill == np.inf else np.sum
+    # horizons: the minimum; status codes: the worst; coefficients: the sum
+    fn = np.min if fill == np.inf else np.max if np.asarray(a).dtype == np.int8 else np.sum
     r = fn(a, axis=tuple(sorted(red))) if red else a
-    if fill == np.inf or r.dtype == np.int8:
-        pass
     return np.reshape(r, shape)
 
 
@@ -925,8 +1084,20 @@ BWD["stack"] = _stack_bwd
 # -- dot_general ------------------------------------------------------------------------------
 
 
+_DOT_SUBS: dict = {}
+
+
 def _dot_subscripts(eqn, ra: int, rb: int):
-    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
+    dn = eqn.params["dimension_numbers"]
+    key = (repr(dn), ra, rb)
+    r = _DOT_SUBS.get(key)
+    if r is None:
+        r = _DOT_SUBS[key] = _dot_subscripts_of(dn, ra, rb)
+    return r
+
+
+def _dot_subscripts_of(dn, ra: int, rb: int):
+    (lc, rc), (lb, rb_) = dn
     letters = iter(string.ascii_letters)
     la = [None] * ra
     lb_ = [None] * rb
@@ -945,75 +1116,134 @@ def _dot_subscripts(eqn, ra: int, rb: int):
     return "".join(la), "".join(lb_), "".join(out)
 
 
+_PLANS: dict = {}
+
+
+def _plan2(spec: str, sa: tuple, sb: tuple):
+    """A two-operand einsum as one (batched) matmul: (perm a, shape a, perm b, shape b, shape
+    of the product, perm of the result), or None where the spec does not fit (an index summed
+    within one operand, a repeated index)."""
+    ins, so = spec.split("->")
+    ia, ib = ins.split(",")
+    if len(set(ia)) != len(ia) or len(set(ib)) != len(ib) or len(set(so)) != len(so):
+        return None
+    dims = {}
+    for idx, shp in ((ia, sa), (ib, sb)):
+        for ch, n in zip(idx, shp):
+            if dims.setdefault(ch, n) != n:
+                return None
+    batch = [c for c in so if c in ia and c in ib]
+    contr = [c for c in ia if c in ib and c not in so]
+    fa = [c for c in ia if c not in ib]
+    fb = [c for c in ib if c not in ia]
+    if any(c not in so for c in fa + fb) or any(c not in ia and c not in ib for c in so):
+        return None
+    bshape = [dims[c] for c in batch]
+    na = int(np.prod([dims[c] for c in fa], dtype=np.int64))
+    nb = int(np.prod([dims[c] for c in fb], dtype=np.int64))
+    nc = int(np.prod([dims[c] for c in contr], dtype=np.int64))
+    pa = [ia.index(c) for c in batch + fa + contr]
+    pb = [ib.index(c) for c in batch + contr + fb]
+    prod_idx = batch + fa + fb
+    return (pa, tuple(bshape + [na, nc]), pb, tuple(bshape + [nc, nb]),
+            tuple(bshape + [dims[c] for c in fa] + [dims[c] for c in fb]),
+            [prod_idx.index(c) for c in so])
+
+
+def _einsum2(spec: str, a, b) -> np.ndarray:
+    """np.einsum(spec, a, b) for two operands, through one BLAS matmul where the spec allows."""
+    a, b = np.asarray(a), np.asarray(b)
+    key = (spec, a.shape, b.shape)
+    plan = _PLANS.get(key, False)
+    if plan is False:
+        plan = _PLANS[key] = _plan2(spec, a.shape, b.shape)
+    if plan is None:
+        return np.einsum(spec, a, b)
+    pa, sha, pb, shb, shr, pr = plan
+    r = np.matmul(np.transpose(a, pa).reshape(sha), np.transpose(b, pb).reshape(shb))
+    return np.transpose(r.reshape(shr), pr)
+
+
 def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, np.ndarray]:
     """The truncated product of two series contracted by einsum ``spec``: the terms below the
     cap, with cancellation judged against the operands' magnitudes (not the result's), and the
-    horizon lowered wherever a dropped term is non-zero."""
-    c_ = S.cap()
+    horizon lowered wherever a dropped term is non-zero. Per term of y, one matmul with the
+    terms of x (stacked on a leading axis) and one for their magnitudes sum |x| |y|."""
+    c_ = S.cap() - S.EPS
     acc: dict = {}
-    mag: dict = {}
     H = np.full(out_shape, np.inf)
-    for (ea, ja), ca in x.terms.items():
-        for (eb, jb), cb in y.terms.items():
-            e, j = ea + eb, ja + jb
-            if float(e) >= c_ - S.EPS or j > S.D:
-                nz = np.einsum(spec, np.abs(ca), np.abs(cb)) != 0
-                H = np.where(nz, np.minimum(H, float(e)), H)
-                continue
-            p = np.einsum(spec, ca, cb)
-            m = np.einsum(spec, np.abs(ca), np.abs(cb))
-            k = (e, j)
-            if k in acc:
-                acc[k] = acc[k] + p
-                mag[k] = mag[k] + m
+    kx, ky = list(x.terms.items()), list(y.terms.items())
+    if not kx or not ky:
+        return acc, H
+    pairs = []
+    ux, uy = set(), set()  # the terms of x and y that some kept pair uses
+    for i, ((ea, ja), _) in enumerate(kx):
+        for j, ((eb, jb), _) in enumerate(ky):
+            e, jj = ea + eb, ja + jb
+            drop = float(e) >= c_ or jj > S.D
+            pairs.append((i, j, e, jj, drop))
+            if not drop:
+                ux.add(i)
+                uy.add(j)
+    sx, sy, so, specA = _specs(spec)
+    P: dict = {}
+    M: dict = {}
+    if ux:
+        ix = sorted(ux)
+        X = np.array([kx[i][1] for i in ix]) if len(ix) > 1 else kx[ix[0]][1][None]
+        AX = np.abs(X)
+        px = {i: n for n, i in enumerate(ix)}
+        for j in sorted(uy):
+            P[j] = _einsum2(specA, X, ky[j][1])
+            M[j] = _einsum2(specA, AX, np.abs(ky[j][1]))  # nonzero where a product can be
+    mag: dict = {}
+    for i, j, e, jj, drop in pairs:
+        if drop:
+            if j in P and i in px:
+                nz = M[j][px[i]] != 0
             else:
-                acc[k], mag[k] = p, m
+                nz = _contract_nonzero(spec, sx, sy, so, kx[i][1], ky[j][1])
+            H = np.where(nz, np.minimum(H, float(e)), H) if nz is not True else \
+                np.minimum(H, float(e))
+            continue
+        k = (e, jj)
+        p, m = P[j][px[i]], M[j][px[i]]
+        if k in acc:
+            acc[k] = acc[k] + p
+            mag[k] = mag[k] + m
+        else:
+            acc[k], mag[k] = p, m
     for k in acc:
-        acc[k] = np.where(np.abs(acc[k]) <= S.TOL * mag[k], 0.0, acc[k])
+        acc[k] = S._cancel(acc[k], mag[k])
     return acc, H
+
+
+_SPECS: dict = {}
+
+
+def _specs(spec: str) -> tuple:
+    """(x's indices, y's, the output's, the spec of the product with x's terms stacked on a
+    leading index) of a two-operand einsum spec."""
+    r = _SPECS.get(spec)
+    if r is None:
+        ins_, so = spec.split("->")
+        sx, sy = ins_.split(",")
+        A = [ch for ch in string.ascii_letters if ch not in spec][0]
+        r = _SPECS[spec] = (sx, sy, so, f"{A}{sx},{sy}->{A}{so}")
+    return r
+
+
+def _contract_nonzero(spec, sx, sy, so, a, b):
+    """Where the contraction of a and b by ``spec`` has a nonzero product term: True if
+    everywhere (a and b have no zeros and something is contracted), else a boolean array."""
+    if np.all(a) and np.all(b) and all(ch in sy for ch in sx if ch not in so):
+        return True
+    return _einsum2(spec, np.abs(a), np.abs(b)) != 0
 
 
 def _dot_series(eqn, a: Series, b: Series) -> Series:
     sa, sb, so = _dot_subscripts(eqn, len(a.shape), len(b.shape))
-    spec = f"{sa},{sb}->{so}"
-    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
-    out_shape = tuple(eqn.outvars[0].aval.shape)
-    acc, H = _contract_terms(spec, a, b, out_shape)
-    # horizon: min over the contraction of (H_a + val_b, H_b + val_a), bounded by row/col minima
-    Hp = _dot_bound(eqn, a.H, S.veff(b), b.H, S.veff(a), np.min, out_shape)
-    H = np.minimum(H, Hp)
-    bad = np.maximum(_dot_reduce(eqn, a.bad, 0, np.max, out_shape),
-                     _dot_reduce(eqn, b.bad, 1, np.max, out_shape))
-    return S.mk(acc, H, bad, out_shape)
-
-
-def _dot_reduce(eqn, x, side: int, red, out_shape):
-    """Reduce operand x over its contracting dims and place it in the output's layout."""
-    (lc, rc), (lb, rb_) = eqn.params["dimension_numbers"]
-    contr = lc if side == 0 else rc
-    batch = lb if side == 0 else rb_
-    r = len(np.shape(x))
-    free = [i for i in range(r) if i not in contr and i not in batch]
-    y = red(x, axis=tuple(contr)) if contr else np.asarray(x)
-    kept = [i for i in range(r) if i not in contr]
-    perm = [kept.index(i) for i in batch] + [kept.index(i) for i in free]
-    y = np.transpose(y, perm)
-    nb = len(batch)
-    nfa = r - len(contr) - nb if side == 0 else None
-    if side == 0:
-        shape = list(y.shape) + [1] * (len(out_shape) - nb - nfa)
-    else:
-        nfree_b = len(free)
-        shape = list(y.shape[:nb]) + [1] * (len(out_shape) - nb - nfree_b) + list(y.shape[nb:])
-    return np.broadcast_to(np.reshape(y, shape), out_shape)
-
-
-def _dot_bound(eqn, Ha, vb, Hb, va, red, out_shape):
-    with np.errstate(invalid="ignore"):
-        t1 = _dot_reduce(eqn, Ha, 0, np.min, out_shape) + _dot_reduce(eqn, vb, 1, np.min, out_shape)
-        t2 = _dot_reduce(eqn, Hb, 1, np.min, out_shape) + _dot_reduce(eqn, va, 0, np.min, out_shape)
-    r = np.minimum(t1, t2)
-    return np.where(np.isnan(r), np.inf, r)
+    return _einsum_series(f"{sa},{sb}->{so}", a, b, tuple(eqn.outvars[0].aval.shape))
 
 
 def _dot_fwd(ctx, eqn, ins, act):
@@ -1038,27 +1268,40 @@ def _dot_bwd(ctx, eqn, ins, outs, aux, cots, need):
 
 
 def _einsum_series(spec: str, x: Series, y: Series, out_shape) -> Series:
+    """x and y contracted by einsum ``spec`` (dot_general and its transposes). The horizon is
+    bounded by min over the contraction of H_x + val_y and H_y + val_x (minimum of each part,
+    conservative); flags are the worst over the contraction."""
+    out_shape = tuple(out_shape)
     acc, H = _contract_terms(spec, x, y, out_shape)
-    # horizon and flags: conservative (global over the contraction)
-    ins_, _out = spec.split("->")
-    sx, sy = ins_.split(",")
-    Hx = _minplace(x.H, sx, _out, np.min)
-    Hy = _minplace(y.H, sy, _out, np.min)
-    vx = _minplace(S.veff(x), sx, _out, np.min)
-    vy = _minplace(S.veff(y), sy, _out, np.min)
-    with np.errstate(invalid="ignore"):
-        Hb = np.minimum(Hx + vy, Hy + vx)
-    Hb = np.where(np.isnan(Hb), np.inf, Hb)
-    H = np.minimum(H, np.broadcast_to(Hb, out_shape))
-    bad = np.maximum(_minplace(x.bad, sx, _out, np.max), _minplace(y.bad, sy, _out, np.max))
-    bad = np.broadcast_to(bad, out_shape)
-    return S.mk(acc, H, bad, tuple(out_shape))
+    sx, sy, _out, _ = _specs(spec)
+    Hx, Hy = S.uniform_h(x), S.uniform_h(y)
+    vx, vy = S.uniform_veff(x), S.uniform_veff(y)
+    Hx = _minplace(x.H, sx, _out, np.min) if Hx is None else Hx
+    Hy = _minplace(y.H, sy, _out, np.min) if Hy is None else Hy
+    vx = _minplace(S.veff(x), sx, _out, np.min) if vx is None else vx
+    vy = _minplace(S.veff(y), sy, _out, np.min) if vy is None else vy
+    Hb = np.minimum(Hx + vy, Hy + vx)
+    if np.ndim(Hb):
+        Hb = np.where(np.isnan(Hb), np.inf, Hb)
+    elif Hb != Hb:  # nan
+        Hb = np.inf
+    H = np.minimum(H, Hb)
+    if np.count_nonzero(x.bad) or np.count_nonzero(y.bad):
+        bad = np.maximum(_minplace(x.bad, sx, _out, np.max), _minplace(y.bad, sy, _out, np.max))
+    else:
+        bad = np.int8(OK)
+    return S.mk(acc, H, bad, out_shape)
 
 
 def _minplace(x, sub: str, out: str, red):
     """Reduce x over the indices not in `out`, then arrange it in out's layout (size-1 where
-    absent)."""
+    absent); a scalar where x is uniform."""
     x = np.asarray(x)
+    if not x.size:
+        return np.inf if red is np.min else OK
+    lo = red(x)
+    if lo == (np.max(x) if red is np.min else np.min(x)):
+        return lo
     axes = tuple(i for i, ch in enumerate(sub) if ch not in out)
     y = red(x, axis=axes) if axes else x
     kept = [ch for ch in sub if ch in out]
@@ -1114,6 +1357,10 @@ def _reduce_max_fwd(ctx, eqn, ins, act):
         return _const_eval(eqn, ins), None
     axes = tuple(eqn.params["axes"])
     big = eqn.primitive.name == "reduce_max"
+    if any(x.shape[a] == 0 for a in axes):  # the max of nothing is -inf (the min, +inf)
+        shape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
+        out = S.with_inf(Series.zeros(shape), np.full(shape, -S.HARD if big else S.HARD))
+        return [out], (np.zeros(x.shape), np.zeros(shape, bool))
     cand, und = _tournament(x, axes, big)
     w = cand / np.sum(cand, axis=axes, keepdims=True)
     out = S.apply_linear(S.scale(x, w),
@@ -1217,6 +1464,15 @@ def _sort_bwd(ctx, eqn, ins, outs, aux, cots, need):
 
 FWD["sort"] = _sort_fwd
 BWD["sort"] = _sort_bwd
+
+
+# primitives whose value depends only on their inputs and params: a repeated equation is
+# evaluated once per ray (see Ctx.memo)
+_PURE = set(UNARY) | set(_CMP) | {
+    "integer_pow", "convert_element_type", "add", "sub", "add_any", "mul", "div", "pow", "atan2",
+    "max", "min", "clamp", "select_n", "is_finite", "reshape", "transpose", "broadcast_in_dim",
+    "squeeze", "expand_dims", "slice", "rev", "reduce_sum", "cumsum", "concatenate",
+    "dot_general", "reduce_max", "reduce_min", "argmax", "argmin", "copy", "copy_p"}
 
 
 # -- higher-order primitives -----------------------------------------------------------------
@@ -1503,6 +1759,208 @@ def _jvp_taylor(eqn):
     return taylor
 
 
+# -- the point itself: f(x0) and its singular points -------------------------------------------
+#
+# One plain evaluation at x0, in numpy where the primitive has a numpy twin (JAX's own eager
+# dispatch, per equation, costs as much as a good part of a ray) and by JAX otherwise. It gives
+# f(x0) and the "events": the equations at a singular point (a zero under sqrt, log, a power or a
+# division, a tie under max, min, abs or a comparison, a non-finite value). Only they and what
+# feeds them need more than the t^0 and t^1 terms in the first, cheap pass along each ray.
+
+_NP_UNARY: dict[str, Callable] = {
+    "neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p,
+    "expm1": np.expm1, "tanh": np.tanh, "sin": np.sin, "cos": np.cos, "tan": np.tan,
+    "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "cbrt": np.cbrt, "abs": np.abs,
+    "sign": np.sign, "atan": np.arctan, "asin": np.arcsin, "acos": np.arccos,
+    "atanh": np.arctanh, "asinh": np.arcsinh, "acosh": np.arccosh, "sinh": np.sinh,
+    "cosh": np.cosh, "square": np.square, "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "floor": np.floor, "ceil": np.ceil, "copy": lambda x: x, "copy_p": lambda x: x,
+    "real": lambda x: x}
+_NP_BINARY: dict[str, Callable] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
+    "min": np.minimum, "pow": np.power, "atan2": np.arctan2, "gt": np.greater,
+    "ge": np.greater_equal, "lt": np.less, "le": np.less_equal, "eq": np.equal,
+    "ne": np.not_equal, "add_any": np.add}
+_NP_STRUCT: dict[str, Callable] = {
+    "reshape": _reshape_f, "transpose": _transpose_f, "broadcast_in_dim": _bcast_f,
+    "squeeze": _squeeze_f, "expand_dims": _expand_f, "slice": _slice_f, "rev": _rev_f,
+    "reduce_sum": _reduce_sum_f,
+    "reduce_max": lambda eqn, a: np.max(a, axis=tuple(eqn.params["axes"])),
+    "reduce_min": lambda eqn, a: np.min(a, axis=tuple(eqn.params["axes"]))}
+_CALLS = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat",
+          "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "named_call"}
+# singular where an input is 0 (the first input only for div: its denominator is the second)
+_AT_ZERO = {"sqrt", "rsqrt", "cbrt", "log", "pow", "atan2", "abs", "sign", "integer_pow"}
+_AT_ONE = {"acos", "asin", "atanh", "acosh"}  # singular where |x| = 1
+_TIES = {"max", "min", "gt", "ge", "lt", "le", "eq", "ne", "clamp"}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+_OUT: dict = {}  # id(eqn) -> (eqn, its single output's dtype and shape, or None)
+
+
+def _out_of(eqn):
+    hit = _OUT.get(id(eqn))
+    if hit is None or hit[0] is not eqn:
+        o = None
+        if len(eqn.outvars) == 1:
+            aval = eqn.outvars[0].aval
+            o = (np.dtype(aval.dtype), tuple(aval.shape))
+        if len(_OUT) > 100_000:
+            _OUT.clear()
+        hit = _OUT[id(eqn)] = (eqn, o)
+    return hit[1]
+
+
+def _np_eqn(eqn, ins: list) -> list | None:
+    """The equation evaluated with numpy (IEEE like XLA, up to rounding), None if it has no
+    numpy twin here (then JAX evaluates it)."""
+    name = eqn.primitive.name
+    o = _out_of(eqn)
+    if o is None:
+        return None
+    out_dt, out_shape = o
+    if any(x.dtype not in _FLOATS for x in ins) or (
+            out_dt not in _FLOATS and out_dt != np.bool_):
+        return None
+    if name in _NP_UNARY:
+        r = _NP_UNARY[name](ins[0])
+    elif name in _NP_BINARY and len(ins) == 2:
+        r = _NP_BINARY[name](ins[0], ins[1])
+    elif name in _NP_STRUCT:
+        r = _NP_STRUCT[name](eqn, ins[0])
+    elif name == "integer_pow":
+        r = np.power(ins[0], float(eqn.params["y"]))
+    elif name == "dot_general":
+        sa, sb, so = _dot_subscripts(eqn, np.ndim(ins[0]), np.ndim(ins[1]))
+        r = _einsum2(f"{sa},{sb}->{so}", ins[0], ins[1])
+    elif name == "convert_element_type" and out_dt in _FLOATS:
+        r = ins[0]
+    elif name == "concatenate":
+        r = np.concatenate(ins, eqn.params["dimension"])
+    elif name == "clamp":
+        r = np.minimum(np.maximum(ins[1], ins[0]), ins[2])
+    else:
+        return None
+    return [np.asarray(r).astype(out_dt, copy=False).reshape(out_shape)]
+
+
+_KINKY = {"reduce_max", "reduce_min", "argmax", "argmin", "sort", "cummax", "cummin", "floor",
+          "ceil", "round", "convert_element_type", "select_and_scatter_add", "reduce_precision"}
+_PLAIN = set(_NP_UNARY) | set(_NP_BINARY) | set(_NP_STRUCT) | {
+    "integer_pow", "dot_general", "concatenate", "select_n", "iota", "broadcast_in_dim"} | _CALLS
+
+
+def _is_event(eqn, ins: list, outs: list) -> bool:
+    """Whether the equation is at a singular point at x0 (its inputs were checked as outputs)."""
+    name = eqn.primitive.name
+    for o in outs:
+        if o.dtype.kind == "f" and not np.isfinite(o).all():
+            return True
+    fl = [x for x in ins if x.dtype.kind == "f"]
+    if not fl:
+        return False
+    if name in _AT_ZERO:
+        return not fl[0].all()
+    if name == "div":
+        return len(ins) == 2 and not ins[1].all()
+    if name in _AT_ONE:
+        return bool(np.any(np.abs(fl[0]) == 1))
+    if name == "log1p":
+        return bool(np.any(fl[0] == -1))
+    if name in _TIES and len(fl) >= 2:
+        if name == "clamp":
+            return bool(np.any(fl[1] == fl[0]) or np.any(fl[1] == fl[2]))
+        return bool(np.any(fl[0] == fl[1]))
+    if name in _KINKY:
+        return True  # ties or integer points: not worth a check here
+    return name not in _PLAIN
+
+
+def _producers(jaxpr) -> dict:
+    return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars
+            if not isinstance(v, jcore.DropVar)}
+
+
+def _at_point(closed, x0s: list) -> tuple[float, dict]:
+    """(f(x0), {(id(jaxpr), eqn index): True} for the events and every equation feeding them)."""
+    marks: dict = {}
+    with np.errstate(all="ignore"), jax.default_device(jax.devices("cpu")[0]):
+        outs = _np_eval(closed.jaxpr, list(closed.consts), list(x0s), marks)
+    return float(np.ravel(outs[0])[0]), {k: v for k, v in marks.items() if k[0] != "reach"}
+
+
+def _np_eval(jaxpr, consts: list, args: list, marks: dict) -> list:
+    """Evaluate at the point; mark the events and their ancestors. Returns the outputs; marks
+    also gets, under the key jaxpr itself, the invar positions the events reach."""
+    env: dict = {}
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = np.asarray(c)
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = np.asarray(a)
+
+    def read(v):
+        return np.asarray(v.val) if isinstance(v, jcore.Literal) else env[v]
+
+    hot: set = set()  # variables some event depends on
+    events: list = []
+    for v in list(jaxpr.constvars) + list(jaxpr.invars):  # a non-finite input: its consumers
+        x = env[v]
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            events += [i for i, e in enumerate(jaxpr.eqns) if v in e.invars]
+    for i, eqn in enumerate(jaxpr.eqns):
+        ins = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        sub_reach = None
+        if name in _CALLS:
+            body, bconsts = _closed(_call_param(eqn))
+            outs = _np_eval(body, bconsts, ins, marks)
+            sub_reach = marks.pop(("reach", id(body)), set())
+        elif name == "cond":
+            branches = eqn.params["branches"]
+            idx = int(np.clip(int(np.asarray(ins[0]).reshape(())), 0, len(branches) - 1))
+            body, bconsts = _closed(branches[idx])
+            outs = _np_eval(body, bconsts, ins[1:], marks)
+            sub_reach = {k + 1 for k in marks.pop(("reach", id(body)), set())}
+        else:
+            try:
+                outs = _np_eqn(eqn, ins)
+            except (ValueError, TypeError):  # an empty reduction, an odd shape: JAX decides
+                outs = None
+            if outs is None:
+                outs = [np.asarray(o) for o in _bind(eqn, ins)]
+            if _is_event(eqn, ins, outs):
+                events.append(i)
+        if sub_reach:
+            events.append(("reach", i, sub_reach))
+        for v, o in zip(eqn.outvars, outs):
+            if not isinstance(v, jcore.DropVar):
+                env[v] = o
+    if events:  # mark the events and their ancestors in this jaxpr, backwards
+        prod = _producers(jaxpr)
+        stack = []
+        for ev in events:
+            if isinstance(ev, tuple):  # an event inside a call body reaches these inputs
+                e = jaxpr.eqns[ev[1]]
+                stack += [e.invars[k] for k in ev[2] if k < len(e.invars)]
+            else:
+                marks[(id(jaxpr), ev)] = True
+                stack += list(jaxpr.eqns[ev].invars)
+        while stack:
+            v = stack.pop()
+            if isinstance(v, jcore.Literal) or v in hot:
+                continue
+            hot.add(v)
+            i = prod.get(v)
+            if i is not None:
+                marks[(id(jaxpr), i)] = True  # a call: its whole body at the higher cap
+                stack += list(jaxpr.eqns[i].invars)
+        reach = {k for k, v in enumerate(jaxpr.invars) if v in hot}
+        if reach:
+            marks[("reach", id(jaxpr))] = reach
+    return [read(v) for v in jaxpr.outvars]
+
+
 # -- per-ray certification ----------------------------------------------------------------------
 
 
@@ -1520,9 +1978,20 @@ class RayResult:
     def to_dict(self, i: int) -> dict:
         return {"direction": i, "verdict": self.verdict, "certificate": self.certificate,
                 "fprime": self.fprime, "limit": self.limit,
-                "gradient": None if self.gradient is None else
-                [np.asarray(g).tolist() for g in self.gradient],
+                "gradient": None if self.gradient is None else _listed(self.gradient),
                 "notes": list(self.notes), "horizon_cap": self.cap}
+
+
+_LISTED_MAX = 100_000  # gradients up to this many numbers are nested lists (JSON), else arrays
+
+
+def _listed(grads: list) -> list:
+    """A ray's gradient per leaf: nested lists where small (exact in the report's JSON), numpy
+    arrays beyond _LISTED_MAX numbers (a list of a big model's gradient costs as much as a good
+    part of the certification)."""
+    if sum(np.size(g) for g in grads) > _LISTED_MAX:
+        return [np.asarray(g) for g in grads]
+    return [np.asarray(g).tolist() for g in grads]
 
 
 def _worst_bad(bad) -> int:
@@ -1535,22 +2004,63 @@ def _bad_verdict(code: int, what: str) -> RayResult:
     if code == POISON:
         return RayResult("UNDECIDED", notes=[f"{what} is infinite or undefined all along the ray "
                                               "(the ray runs inside a singular set)"])
+    if code == PUNDEC:
+        return RayResult("UNDECIDED", notes=[
+            f"{what}: a comparison or a branch depends on a value that is infinite or undefined "
+            "all along the ray (such as x / 0 of an identically zero value, whose sign is that of "
+            "a floating-point zero)"])
     return RayResult("UNDECIDED", notes=[f"{what}: the series rules could not decide (horizon "
                                           "or an undecided branch)"])
 
 
 def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
+    ctx.memo = {}
+    try:
+        with np.errstate(all="ignore"):  # inf and nan are handled by the rules, quietly
+            return _ray_sweeps(ctx, closed, x0s, vs, fx0)
+    finally:
+        ctx.memo = {}
+
+
+def _ray_sweeps(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
     jaxpr, consts = closed.jaxpr, list(closed.consts)
     args = [Series.ray(x, v) for x, v in zip(x0s, vs)]
+    data = [_lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[len(args):])]
     try:
-        outs, tape = fwd_jaxpr(ctx, jaxpr, consts, args, [True] * len(args))
+        outs, tape = fwd_jaxpr(ctx, jaxpr, consts, args + data,
+                               [True] * len(args) + [False] * len(data))
     except Undecided as e:
         return RayResult("UNDECIDED", notes=[str(e)])
     y = outs[0]
     if isinstance(y, IntVal):
         raise UsageError("gradsan.jax.certify: the loss returned an integer value")
+    done, lim, fprime, removable = _value_verdict(y, fx0)
+    if done is not None:
+        return done
+    # reverse sweep
+    try:
+        with S.capped(ctx.bwd_cap or S.cap()):
+            gs = bwd_jaxpr(ctx, tape, [Series.exact(1.0)])
+    except Undecided as e:
+        return RayResult("UNDECIDED", limit=lim, fprime=fprime, notes=[str(e)])
+    return _gradient_verdict(gs, x0s, vs, lim, fprime, removable)
+
+
+def _value_verdict(y: Series, fx0: float):
+    """(a final RayResult or None, lim f(x0 + t v), f'(x0; v), removable) from the value series
+    of a scalar loss along the ray."""
+    isinf, iy, hard = (bool(np.reshape(z, ())) for z in S.inf_parts(y))
+    if isinf:  # +-inf for every small t, or tending to it
+        what = "is" if hard else "->"
+        if not iy:
+            return RayResult("SINGULAR", certificate="the value diverges along the ray: "
+                             f"|f(x0 + t v)| {what} inf"), None, None, False
+        iy = int(np.reshape(S.inf_parts(y)[1], ()))
+        return RayResult("SINGULAR", certificate="the value diverges along the ray: "
+                         f"f(x0 + t v) {what} {'+' if iy > 0 else '-'}inf",
+                         fprime=math.copysign(math.inf, iy)), None, None, False
     if y.bad.any():
-        return _bad_verdict(_worst_bad(y.bad), "the value")
+        return _bad_verdict(_worst_bad(y.bad), "the value"), None, None, False
     E, J, C = S.lead(y)
     j0, c0 = int(J.reshape(())), float(C.reshape(()))
     Hy = float(y.H.reshape(()))
@@ -1558,17 +2068,17 @@ def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
     if lead_key is not None and (lead_key[0] < 0 or (lead_key[0] == 0 and lead_key[1] > 0)):
         return RayResult("SINGULAR", certificate="the value diverges along the ray: "
                          f"f(x0 + t v) ~ {S.monomial(c0, lead_key[0], j0)}",
-                         fprime=math.copysign(math.inf, c0 * (-1) ** j0))
+                         fprime=math.copysign(math.inf, c0 * (-1) ** j0)), None, None, False
     if Hy <= S.EPS:
         return RayResult("UNDECIDED", notes=["the limit of f along the ray is beyond the "
-                                             "precision horizon"])
+                                             "precision horizon"]), None, None, False
     lim = float(y.coef().reshape(()))
     removable = False
     if math.isnan(fx0):
         removable = True
     elif not math.isfinite(fx0) or abs(lim - fx0) > 1e-9 * (1 + abs(fx0)):
-        return RayResult("DISCONTINUOUS", limit=lim,
-                         certificate=f"f(x0 + t v) -> {lim:.10g} as t -> 0+, but f(x0) = {fx0:.10g}")
+        return RayResult("DISCONTINUOUS", limit=lim, certificate=f"f(x0 + t v) -> {lim:.10g} "
+                         f"as t -> 0+, but f(x0) = {fx0:.10g}"), lim, None, False
     inc = S.drop_const(y)
     ik = _lead_key(inc)
     fprime: float
@@ -1578,27 +2088,29 @@ def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
         return RayResult("SINGULAR", limit=lim, fprime=math.copysign(math.inf, sign),
                          certificate=f"f(x0 + t v) - f(x0) ~ {S.monomial(c, ik[0], ik[1])} "
                          f"(infinite one-sided slope {'+' if sign > 0 else '-'}inf: not "
-                         "differentiable and not locally Lipschitz at x0)")
+                         "differentiable and not locally Lipschitz at x0)"), lim, None, False
     if ik is None and Hy <= 1 + S.EPS:
-        return RayResult("UNDECIDED", limit=lim, notes=["the increment f(x0 + t v) - f(x0) is "
-                                                        "zero up to the precision horizon"])
+        return RayResult("UNDECIDED", limit=lim, notes=[
+            "the increment f(x0 + t v) - f(x0) is zero up to the precision horizon"]), \
+            lim, None, False
     if ik is not None and ik == (Fraction(1), 0):
         fprime = float(inc.terms[ik].reshape(()))
     elif Hy <= 1 + S.EPS:
-        return RayResult("UNDECIDED", limit=lim, notes=["f'(x0; v) is beyond the horizon"])
+        return RayResult("UNDECIDED", limit=lim, notes=["f'(x0; v) is beyond the horizon"]), \
+            lim, None, False
     else:
         fprime = 0.0
-    # reverse sweep
-    try:
-        gs = bwd_jaxpr(ctx, tape, [Series.exact(1.0)])
-    except Undecided as e:
-        return RayResult("UNDECIDED", limit=lim, fprime=fprime, notes=[str(e)])
+    return None, lim, fprime, removable
+
+
+def _gradient_verdict(gs: list, x0s: list, vs: list, lim, fprime, removable) -> RayResult:
+    """The ray's verdict from the gradient series of the parameters (the value was fine)."""
     grads = []
     for x0, g in zip(x0s, gs):
         if g is None:
             g = Series.zeros(np.shape(x0))
         g = S.bcast(g, np.shape(x0))
-        if g.bad.any():
+        if np.count_nonzero(g.bad):
             r = _bad_verdict(_worst_bad(g.bad), "the gradient")
             r.limit, r.fprime = lim, fprime
             return r
@@ -1611,12 +2123,14 @@ def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
                     certificate=f"the gradient diverges along the ray: component {list(idx)} ~ "
                     f"{S.monomial(cc, min(k[0] for k in g.terms if np.any(g.terms[k] != 0)), j)} "
                     "(not locally Lipschitz near x0, so no Clarke subgradient exists)")
-        if np.any(g.H <= S.EPS):
+        if g.H.size and float(np.minimum.reduce(g.H, axis=None)) <= S.EPS:
             return RayResult("UNDECIDED", limit=lim, fprime=fprime,
                              notes=["the gradient's limit is beyond the precision horizon"])
         grads.append(np.array(g.coef(), dtype=np.float64).reshape(np.shape(x0)))
-    gv = float(sum(np.sum(g * v) for g, v in zip(grads, vs)))
-    scale = abs(fprime) + float(sum(np.sum(np.abs(g * v)) for g, v in zip(grads, vs))) + 1e-300
+    gvs = np.concatenate([np.ravel(g) for g in grads] + [np.zeros(0)]) * \
+        np.concatenate([np.ravel(v) for v in vs] + [np.zeros(0)])
+    gv = float(np.sum(gvs))
+    scale = abs(fprime) + float(np.sum(np.abs(gvs))) + 1e-300
     if abs(gv - fprime) > 1e-7 * scale + 1e-12:
         return RayResult("UNDECIDED", limit=lim, fprime=fprime, notes=[
             f"internal check failed: G(v) . v = {gv:.10g} but f'(x0; v) = {fprime:.10g} from the "
@@ -1657,17 +2171,143 @@ def _lead_key(s: Series):
     return None
 
 
-def _certify_ray(ctx: Ctx, closed, x0s, vs, fx0, terms: int) -> RayResult:
+def _caps(terms: int, events: dict) -> list:
+    """(cap, per-equation caps, reverse sweep's cap) tried along a ray, cheapest first.
+
+    First 1.5, the t^0 and t^1 terms: all a smooth program needs for f'(x0; v), with the
+    singular points found at x0 and everything feeding them at the cap of ``terms``; the reverse
+    sweep keeps the cotangents' terms below t^1 (the limit of the gradient is their t^0 term;
+    a partial like sqrt'(u^2) ~ 1 / t is paid back by the u it multiplies). Then, while the rules
+    run out of terms (UNDECIDED), the cap of ``terms`` everywhere, doubled twice."""
     cap0 = max(1.5, 1 + terms / 2)
+    first = [(1.5, {k: cap0 for k in events}, 1.0)] if cap0 > 1.5 else []
+    return first + [(cap0, {}, None), (2 * cap0, {}, None), (4 * cap0, {}, None)]
+
+
+def _final(res: RayResult) -> bool:
+    """A verdict that more terms would not change."""
+    return res.verdict != "UNDECIDED" or any(
+        "not supported" in n or "internal check" in n or "complex" in n for n in res.notes)
+
+
+def _certify_ray(ctx: Ctx, closed, x0s, vs, fx0, terms: int, events: dict,
+                 start: int = 0) -> RayResult:
     res = None
-    for mult in (1, 2, 4):
-        with S.capped(cap0 * mult):
-            res = _ray(ctx, closed, x0s, vs, fx0)
-        res.cap = cap0 * mult
-        if res.verdict != "UNDECIDED" or any("not supported" in n or "internal check" in n or
-                                             "complex" in n for n in res.notes):
+    for c, caps, bc in _caps(terms, events)[start:]:
+        ctx.caps, ctx.bwd_cap = caps, bc
+        try:
+            with S.capped(c):
+                res = _ray(ctx, closed, x0s, vs, fx0)
+        finally:
+            ctx.caps, ctx.bwd_cap = {}, None
+        res.cap = c
+        if _final(res):
             return res
     return res
+
+
+# -- several rays in one sweep -----------------------------------------------------------------
+#
+# The rays differ only in v, so their series can be carried side by side: the loss vmapped over
+# a leading axis of stacked parameters (x0 in every row, one direction per row, the data shared)
+# is swept once along t. Nothing couples the rows but a few conservative global bounds, so each
+# row is exactly its own ray (a flag that leaks from one row to another only makes it UNDECIDED,
+# and an UNDECIDED row goes on alone with more terms). The cost is about that of one ray: the
+# sweeps are dominated by the bookkeeping per equation, not by the size of the arrays.
+
+
+def _batched(closed, n: int, R: int, traced: dict):
+    """The jaxpr of the loss vmapped over R stacked copies of its n parameter leaves (the other
+    inputs shared), cached per jaxpr; None where vmap does not apply."""
+    key = ("vmap", id(closed.jaxpr), R)
+    hit = traced.get(key)
+    if hit is not None and hit[0] is closed.jaxpr:
+        return hit[1]
+    jaxpr, consts = closed.jaxpr, list(closed.consts)
+
+    def f(*args):
+        return jax.core.eval_jaxpr(jaxpr, consts, *args)
+
+    avals = [v.aval for v in jaxpr.invars]
+    specs = [jax.ShapeDtypeStruct((R,) + tuple(a.shape), a.dtype) for a in avals[:n]] + \
+        [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in avals[n:]]
+    try:
+        bj = jax.make_jaxpr(jax.vmap(f, in_axes=(0,) * n + (None,) * (len(avals) - n)))(*specs)
+    except Exception:
+        bj = None
+    traced[key] = (closed.jaxpr, bj)
+    return bj
+
+
+def _take(s: Series, r: int) -> Series:
+    """Row r of a series with stacked rays (views: the rows of a normalized series are)."""
+    return Series({k: c[r] for k, c in s.terms.items()}, s.H[r], s.bad[r],
+                  None if s.inf is None else np.broadcast_to(s.inf, s.shape)[r])
+
+
+def _rays_batched(ctx: Ctx, bclosed, x0s: list, dirs: list, fx0: float) -> list:
+    """One forward and one reverse sweep of the vmapped loss for all the rays; per ray its
+    RayResult. Raises Undecided (or anything) where the rays have to go one by one."""
+    jaxpr, consts = bclosed.jaxpr, list(bclosed.consts)
+    n, R = len(x0s), len(dirs)
+    args = [Series.ray(np.broadcast_to(x, (R,) + np.shape(x)), np.stack([d[i] for d in dirs]))
+            for i, x in enumerate(x0s)]
+    data = [_lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[n:])]
+    outs, tape = fwd_jaxpr(ctx, jaxpr, consts, args + data, [True] * n + [False] * len(data))
+    Y = outs[0]
+    if isinstance(Y, IntVal):
+        raise UsageError("gradsan.jax.certify: the loss returned an integer value")
+    results: list = [None] * R
+    pending = []
+    for r in range(R):
+        done, lim, fprime, removable = _value_verdict(_take(Y, r), fx0)
+        if done is not None:
+            results[r] = done
+        else:
+            pending.append((r, lim, fprime, removable))
+    if pending:
+        seed = np.zeros(R)
+        seed[[p[0] for p in pending]] = 1.0  # the finished rows get an exactly zero cotangent
+        with S.capped(ctx.bwd_cap or S.cap()):
+            gs = bwd_jaxpr(ctx, tape, [Series.exact(seed)])
+        for r, lim, fprime, removable in pending:
+            g = [None if gi is None else _take(gi, r) for gi in gs[:n]]
+            results[r] = _gradient_verdict(g, x0s, dirs[r], lim, fprime, removable)
+    return results
+
+
+def _certify_rays(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, traced: dict):
+    """(f(x0), per direction its RayResult): the first, cheapest attempt for every ray in one
+    batched sweep where possible, then each undecided ray alone with more terms."""
+    n, R = len(x0s), len(dirs)
+    bclosed = _batched(closed, n, R, traced) if R > 1 else None
+    if bclosed is None:
+        fx0, events = _at_point(closed, x0s + data)
+        return fx0, [_certify_ray(ctx, closed, x0s, v, fx0, terms, events) for v in dirs]
+    fx0, bevents = _at_point(bclosed, [np.broadcast_to(x, (R,) + np.shape(x)) for x in x0s] +
+                             data)
+    c, caps, bc = _caps(terms, bevents)[0]
+    ctx.caps, ctx.bwd_cap, ctx.memo = caps, bc, {}
+    try:
+        with S.capped(c), np.errstate(all="ignore"):
+            results = _rays_batched(ctx, bclosed, x0s, dirs, fx0)
+    except UsageError:
+        raise
+    except Exception:  # Undecided, or a rule that needs one ray (a batched loop condition)
+        results = [None] * R
+    finally:
+        ctx.caps, ctx.bwd_cap, ctx.memo = {}, None, {}
+    events = None
+    for r, res in enumerate(results):
+        if res is not None:
+            res.cap = c
+            if _final(res):
+                continue
+        if events is None:
+            events = _at_point(closed, x0s + data)[1]
+        results[r] = _certify_ray(ctx, closed, x0s, dirs[r], fx0, terms, events,
+                                  start=1 if res is not None else 0)
+    return fx0, results
 
 
 # -- Tier C: combining directions -----------------------------------------------------------
@@ -1675,15 +2315,15 @@ def _certify_ray(ctx: Ctx, closed, x0s, vs, fx0, terms: int) -> RayResult:
 
 def min_norm_hull(points: list[np.ndarray], iters: int = 500) -> np.ndarray:
     """The minimum-norm element of the convex hull of the points."""
-    P = np.stack([np.ravel(p) for p in points])
-    if len(P) == 1:
-        return P[0]
-    if len(P) == 2:
-        a, b = P
+    if len(points) == 1:
+        return np.ravel(points[0])
+    if len(points) == 2:
+        a, b = (np.ravel(p) for p in points)
         d = a - b
         dd = float(d @ d)
         lam = 0.0 if dd == 0 else float(np.clip(-(b @ d) / dd, 0.0, 1.0))
         return b + lam * d
+    P = np.stack([np.ravel(p) for p in points])
     lam = np.full(len(P), 1.0 / len(P))
     x = lam @ P
     for _ in range(iters):  # Frank-Wolfe with exact line search
@@ -1720,22 +2360,26 @@ def _directions(leaves: list[np.ndarray], directions, num: int, key) -> list[lis
             seed = int(np.asarray(key).ravel().sum())
     rng = np.random.default_rng(seed)
     num = max(1, int(num))
+    sizes = [int(np.size(x0)) for x0 in leaves]
+    cuts = np.cumsum(sizes)[:-1]
     dirs: list = []
     while len(dirs) < num:
-        v = [rng.standard_normal(np.shape(x0)) for x0 in leaves]
-        n = math.sqrt(sum(float(np.sum(a * a)) for a in v)) or 1.0
-        v = [a / n for a in v]
-        dirs.append(v)
+        # one draw for every leaf (the same numbers as one draw per leaf, in leaf order)
+        flat = rng.standard_normal(sum(sizes))
+        flat /= math.sqrt(float(flat @ flat)) or 1.0
+        dirs.append([a.reshape(np.shape(x0)) for a, x0 in zip(np.split(flat, cuts), leaves)])
         if len(dirs) < num:
-            dirs.append([-a for a in v])
+            neg = -flat
+            dirs.append([a.reshape(np.shape(x0)) for a, x0 in zip(np.split(neg, cuts), leaves)])
     return dirs
 
 
+def _flat(arrays: list) -> np.ndarray:
+    return np.concatenate([np.ravel(a) for a in arrays] + [np.zeros(0)])
+
+
 def _same(g1: list, g2: list) -> bool:
-    for a, b in zip(g1, g2):
-        if not np.allclose(a, b, rtol=1e-7, atol=1e-9):
-            return False
-    return True
+    return bool(np.allclose(_flat(g1), _flat(g2), rtol=1e-7, atol=1e-9))
 
 
 def _resolve(fun: Callable) -> tuple[Callable, str]:
@@ -1762,25 +2406,64 @@ def certify(fun: Callable, *, directions: Sequence | None = None, num_directions
     ``jax.grad(loss)``. Returns a function of the arguments that returns a :class:`Report`:
     ``report.outputs`` is the certified gradient (same pytree as the first argument) or None;
     the one finding (kind ``"certified"``) carries ``detail["label"]`` ("gradient",
-    "clarke-subgradient", "singular" or "undecided"), ``detail["verdicts"]`` per direction and
-    the certificate text.
+    "clarke-subgradient", "singular" or "undecided"), ``detail["verdicts"]`` per direction (a
+    ray's gradient is a list per parameter leaf: nested lists, or numpy arrays beyond 100,000
+    numbers) and the certificate text. Calling the returned function again with arrays of the
+    same shapes reuses the trace of the loss.
     """
     if not callable(fun):
         raise UsageError(f"gradsan.jax.certify takes a function, got {type(fun).__name__}. "
                          "Wrap the loss, then call it: gradsan.jax.certify(loss)(params)")
     loss, how = _resolve(fun)
     name = getattr(loss, "__name__", "function")
+    traced: dict = {}  # jitted flat losses by argument structure: jit caches their traces
 
     def run(*args, **kwargs) -> Report:
         if not args:
             raise UsageError("gradsan.jax.certify: call with the parameters as first argument")
         with jax.enable_x64(True):
-            return _run(loss, how, name, args, kwargs, directions, num_directions, terms, key)
+            return _run(loss, how, name, args, kwargs, directions, num_directions, terms, key,
+                        traced)
 
     return run
 
 
-def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key) -> Report:
+def _trace(loss, traced: dict, treedef, x0s: list, rest: tuple, kwargs: dict):
+    """(closed jaxpr, data): the loss as a jaxpr of the parameter leaves followed by the array
+    leaves of the other arguments (``data``, passed as values), through a jitted function kept
+    per argument structure, so that calling certify again with arrays of the same shapes reuses
+    jit's trace. Where an argument is not an array (a Python flag, a key), the other arguments
+    are closed over instead (``data`` empty), as constants of a fresh trace."""
+    rl, rtree = jax.tree_util.tree_flatten((rest, kwargs))
+    arrays = all(isinstance(a, (np.ndarray, np.generic, jax.Array)) and (
+        np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) for a in rl)
+    if arrays:
+        n = len(x0s)
+        k = (treedef, rtree, n)
+        jf = traced.get(k)
+        if jf is None:
+            def flat(*ls):
+                r, kw = jax.tree_util.tree_unflatten(rtree, list(ls[n:]))
+                return loss(jax.tree_util.tree_unflatten(treedef, list(ls[:n])), *r, **kw)
+
+            jf = traced[k] = jax.jit(flat)
+        if jf is not False:
+            try:
+                return jf.trace(*x0s, *rl).jaxpr, [np.asarray(a) for a in rl]
+            except Exception:
+                traced[k] = False  # not traceable with its data as inputs: use constants
+
+    def flat_loss(*ls):
+        return loss(jax.tree_util.tree_unflatten(treedef, list(ls)), *rest, **kwargs)
+
+    try:
+        return jax.make_jaxpr(flat_loss)(*x0s), []
+    except TypeError as e:
+        raise UsageError(f"gradsan.jax.certify could not trace the function: {e}") from e
+
+
+def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key,
+         traced: dict) -> Report:
     params, rest = args[0], args[1:]
     leaves, treedef = jax.tree_util.tree_flatten(params)
     for x in leaves:
@@ -1791,14 +2474,7 @@ def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key) 
             raise UsageError("gradsan.jax.certify: the first argument has integer leaves; "
                              "gradients need float parameters (jnp.asarray(x, float))")
     x0s = [np.asarray(x, np.float64) for x in leaves]
-
-    def flat_loss(*ls):
-        return loss(jax.tree_util.tree_unflatten(treedef, list(ls)), *rest, **kwargs)
-
-    try:
-        closed = jax.make_jaxpr(flat_loss)(*x0s)
-    except TypeError as e:
-        raise UsageError(f"gradsan.jax.certify could not trace the function: {e}") from e
+    closed, data = _trace(loss, traced, treedef, x0s, rest, kwargs)
     out_avals = closed.out_avals
     if len(out_avals) != 1 or tuple(out_avals[0].shape) != () or not _is_float_aval(out_avals[0]):
         what = ("a gradient program that is not jax.grad(loss)" if how == "loss" and
@@ -1809,11 +2485,9 @@ def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key) 
             f"{len(out_avals)} output(s) of shape {[tuple(a.shape) for a in out_avals]} "
             f"({what}). For a training step, certify the loss it differentiates: "
             "gradsan.jax.certify(loss)(params, batch)")
-    with jax.default_device(jax.devices("cpu")[0]):
-        fx0 = float(np.asarray(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *x0s)[0]))
     dirs = _directions(x0s, directions, num_directions, key)
-    ctx = Ctx()
-    results = [_certify_ray(ctx, closed, x0s, v, fx0, terms) for v in dirs]
+    ctx = Ctx(data=data)
+    fx0, results = _certify_rays(ctx, closed, x0s, dirs, terms, data, traced)
     return _combine(loss, name, treedef, x0s, dirs, results, ctx, fx0, terms)
 
 
@@ -1846,9 +2520,10 @@ def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx,
         grads = [r.gradient for r in defined]
         all_same = all(_same(grads[0], g) for g in grads[1:])
         opposite = []
-        for i, di in enumerate(dirs):
-            for k, dk in enumerate(dirs):
-                if k > i and all(np.array_equal(a, -b) for a, b in zip(di, dk)):
+        flat = [_flat(d) for d in dirs]
+        for i, di in enumerate(flat):
+            for k, dk in enumerate(flat):
+                if k > i and np.array_equal(di, -dk):
                     ri, rk = results[i], results[k]
                     if ri.fprime is not None and rk.fprime is not None and \
                             ri.verdict in ("DEFINED", "REMOVABLE") and \

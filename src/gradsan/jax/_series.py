@@ -12,7 +12,12 @@ float64 coefficient array per term, vectorized over the array's shape. Each elem
   (a polynomial in t, or identically zero);
 * a status code ``bad``: ``OK``, ``POISON`` (undefined for every t > 0, e.g. ``1/0`` of an
   identically zero value: absorbed by an identically-zero factor, like a structural zero),
-  ``UNDEC`` (the rules could not decide) and ``DOMAIN`` (the ray leaves the real domain).
+  ``UNDEC`` (the rules could not decide; ``PUNDEC`` when only because a comparison or a branch
+  met a POISON value) and ``DOMAIN`` (the ray leaves the real domain);
+* optionally (``inf``, else None) the sign of a POISON element that is known to tend to
+  +inf or -inf as t -> 0+ (``log`` of an identically zero value, ``cbrt(log t)``): no series
+  describes it, but it decides comparisons with bounded values. Rules that do not know about
+  ``inf`` drop it, leaving a plain POISON element (conservative).
 
 Terms at or beyond the global cap (``cap()``, in units of t) are dropped and lower the horizon
 where they were nonzero. Coefficients that cancel in a sum down to ``TOL`` times the magnitude
@@ -22,6 +27,11 @@ never to the result (the float subtlety of theory.md 6.5).
 The elementwise rules (power, log, exp, analytic Taylor composition, atan2) are the forward
 rules of theory.md 6.5; local partials for the reverse sweep are built from the same operations
 by the caller (``_certify``).
+
+Exponents are interned fractions (:class:`Q`): equal to, and hashing like, the Fraction of their
+value, with their hash, their float and their sums cached (this bookkeeping is a good part of
+every operation). Series are immutable; their valuation, leading terms and uniform horizon are
+cached on first use.
 """
 
 from __future__ import annotations
@@ -33,15 +43,95 @@ from fractions import Fraction
 
 import numpy as np
 
-D = 2  # highest power of log t kept
+D = 4  # highest power of log t kept
 TOL = 1e-12  # relative cancellation threshold
 EPS = 1e-9  # slack when comparing exponents (rationals) with float horizons
 BEYOND = 1e9  # horizon of a value that vanishes beyond all orders (exp(-1/t))
 NMAX = 24  # highest Taylor order used in a composition
 
-OK, POISON, UNDEC, DOMAIN = 0, 1, 2, 3
-ZERO = Fraction(0)
-ONE = Fraction(1)
+# status codes, in increasing order of precedence (flags combine by maximum). PUNDEC: undecided
+# because a comparison or branch met a POISON value (infinite or undefined all along the ray)
+OK, POISON, PUNDEC, UNDEC, DOMAIN = 0, 1, 2, 3, 4
+
+
+class Q(Fraction):
+    """An interned rational exponent: equal to (and hashing like) the Fraction of its value,
+    with the hash and the float cached, and sums / differences / products of two interned
+    exponents memoized (the exponent bookkeeping of every series operation)."""
+
+    __slots__ = ("_hash", "_float")
+
+    def __hash__(self):
+        return self._hash
+
+    def __float__(self):
+        return self._float
+
+    def __eq__(self, other):
+        return self is other or Fraction.__eq__(self, other)
+
+    def __add__(self, other):
+        if type(other) is Q:
+            r = _ADD.get((self, other))
+            if r is None:
+                r = _ADD[(self, other)] = q(Fraction.__add__(self, other))
+            return r
+        return q(Fraction.__add__(self, other))
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        if type(other) is Q:
+            r = _SUB.get((self, other))
+            if r is None:
+                r = _SUB[(self, other)] = q(Fraction.__sub__(self, other))
+            return r
+        return q(Fraction.__sub__(self, other))
+
+    def __rsub__(self, other):
+        return q(Fraction.__rsub__(self, other))
+
+    def __mul__(self, other):
+        return q(Fraction.__mul__(self, other))
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return q(Fraction.__neg__(self))
+
+    def __repr__(self):
+        return f"Fraction({self.numerator}, {self.denominator})"
+
+    def __reduce__(self):
+        return (q, (Fraction(self.numerator, self.denominator),))
+
+
+_INTERN: dict = {}
+_ADD: dict = {}
+_SUB: dict = {}
+
+
+def q(x):
+    """The interned exponent equal to x (a Fraction or an int); anything else is returned as
+    is (NotImplemented, floats)."""
+    if type(x) is Q:
+        return x
+    if isinstance(x, int):
+        x = Fraction(x)
+    elif not isinstance(x, Fraction):
+        return x
+    key = (x.numerator, x.denominator)
+    r = _INTERN.get(key)
+    if r is None:
+        r = Fraction.__new__(Q, *key)
+        r._hash = Fraction.__hash__(r)
+        r._float = key[0] / key[1]
+        _INTERN[key] = r
+    return r
+
+
+ZERO = q(0)
+ONE = q(1)
 
 _CAP = [2.0]
 
@@ -70,31 +160,45 @@ def _dom(k: tuple) -> tuple:
 
 
 class Series:
-    __slots__ = ("terms", "H", "bad")
+    __slots__ = ("terms", "H", "bad", "inf", "_v", "_ez", "_ld", "_c", "_hu", "_vu", "_pz")
 
-    def __init__(self, terms: dict, H: np.ndarray, bad: np.ndarray):
+    def __init__(self, terms: dict, H: np.ndarray, bad: np.ndarray, inf=None):
         self.terms = terms
         self.H = H
         self.bad = bad
+        self.inf = inf
+        self._v = self._ez = self._ld = None  # caches of val, exact_zero, lead (immutable)
+        self._hu = self._vu = False  # caches of uniform_h, uniform_veff (False: not computed)
+        self._c = False  # an exact constant (made by `exact` / `zeros`)
+        self._pz = False  # a constant +0.0 (IEEE: 1 / +0.0 = +inf), see `exact`
 
     # -- constructors ---------------------------------------------------------------------------
     @staticmethod
     def exact(x) -> Series:
         x = np.asarray(x, np.float64)
-        terms = {(ZERO, 0): x} if np.any(x != 0) else {}
-        return Series(terms, np.full(x.shape, np.inf), np.zeros(x.shape, np.int8))
+        terms = {(ZERO, 0): x} if np.count_nonzero(x) else {}
+        s = Series(terms, np.full(x.shape, np.inf), np.zeros(x.shape, np.int8))
+        s._c = True
+        if not terms:  # a constant zero: its IEEE sign is known (x / 0.0 is sign(x) inf)
+            s._pz = not np.signbit(x).any()
+        return s
 
     @staticmethod
     def zeros(shape) -> Series:
-        return Series({}, np.full(shape, np.inf), np.zeros(shape, np.int8))
+        s = Series({}, np.full(shape, np.inf), np.zeros(shape, np.int8))
+        s._c = True
+        return s
 
     @staticmethod
     def ray(x0, v) -> Series:
         x0 = np.asarray(x0, np.float64)
-        v = np.broadcast_to(np.asarray(v, np.float64), x0.shape)
+        v = np.asarray(v, np.float64)
+        if v.shape != x0.shape:
+            v = np.broadcast_to(v, x0.shape)
         s = Series.exact(x0)
-        if np.any(v != 0):
+        if np.count_nonzero(v):
             s.terms[(ONE, 0)] = v
+            s._c = False
         return s
 
     @property
@@ -102,7 +206,7 @@ class Series:
         return self.H.shape
 
     def coef(self, e=ZERO, j: int = 0) -> np.ndarray:
-        c = self.terms.get((Fraction(e), j))
+        c = self.terms.get((q(Fraction(e)), j))
         return np.zeros(self.shape) if c is None else c
 
     def keys(self) -> list:
@@ -111,7 +215,7 @@ class Series:
     def is_const(self) -> bool:
         """Exactly constant along the ray (no t dependence, no flags)."""
         return (all(k == (ZERO, 0) for k in self.terms) and bool(np.all(np.isinf(self.H)))
-                and not self.bad.any())
+                and not np.count_nonzero(self.bad))
 
     def __repr__(self) -> str:
         parts = [f"{_fmt_c(c)}{_mono(e, j)}" for (e, j), c in
@@ -135,7 +239,7 @@ def _mono(e: Fraction, j: int) -> str:
 
 def monomial(c: float, e: Fraction, j: int) -> str:
     """``1.0 t^(1/2)``, for certificates."""
-    return f"{c:.6g}{_mono(Fraction(e), j)}" if (e or j) else f"{c:.6g}"
+    return f"{c:.6g}{_mono(q(Fraction(e)), j)}" if (e or j) else f"{c:.6g}"
 
 
 # -- normalization ----------------------------------------------------------------------------
@@ -147,41 +251,58 @@ def mk(terms: dict, H, bad, shape=None) -> Series:
     horizon where they were nonzero."""
     if shape is None:
         shape = np.shape(H)
-    H = np.broadcast_to(np.asarray(H, np.float64), shape)
-    bad = np.broadcast_to(np.asarray(bad, np.int8), shape)
-    c_ = cap()
-    anybad = bool(bad.any())
+    shape = tuple(shape)
+    H = np.asarray(H, np.float64)
+    if H.shape != shape:
+        H = np.full(shape, H) if H.ndim == 0 else np.broadcast_to(H, shape)
+    bad = np.asarray(bad, np.int8)
+    if bad.shape != shape:
+        bad = np.full(shape, bad, np.int8) if bad.ndim == 0 else np.broadcast_to(bad, shape)
+    c_ = _CAP[0] - EPS
+    good = (bad == OK) if np.count_nonzero(bad) else None
     out: dict = {}
-    changed = False
     for (e, j), c in terms.items():
-        c = np.broadcast_to(c, shape)
-        if anybad:
-            c = np.where(bad > 0, 0.0, c)
-        nz = c != 0
-        if not nz.any():
+        if type(e) is not Q:
+            e = q(e)
+        c = np.asarray(c)
+        if c.shape != shape:
+            c = np.broadcast_to(c, shape)
+        if good is not None:
+            c = np.where(good, c, 0.0)
+        if not np.count_nonzero(c):
             continue
-        ef = float(e)
-        if ef >= c_ - EPS or j > D:
-            H = np.where(nz, np.minimum(H, ef), H)
-            changed = True
+        ef = e._float
+        if ef >= c_ or j > D:
+            H = np.where(c != 0, np.minimum(H, ef), H)
             continue
         out[(e, j)] = c
-    finite = bool(np.isfinite(H).any()) if (changed or out) else False
-    if finite:
-        for k in list(out):
-            c = np.where(float(k[0]) < H - EPS, out[k], 0.0)
-            if np.any(c != 0):
-                out[k] = c
-            else:
-                del out[k]
+    if out and H.size:
+        hmin = float(np.minimum.reduce(H, axis=None)) - EPS
+        if hmin < np.inf:
+            for k in list(out):
+                ef = k[0]._float
+                if ef < hmin:
+                    continue  # below every element's horizon
+                c = np.where(ef < H - EPS, out[k], 0.0)
+                if np.count_nonzero(c):
+                    out[k] = c
+                else:
+                    del out[k]
     return Series(out, H, bad)
 
 
 def val(s: Series) -> np.ndarray:
     """Per element: the exponent of the leading known nonzero term (inf if none)."""
-    v = np.full(s.shape, np.inf)
-    for (e, _j), c in s.terms.items():
-        v = np.where(c != 0, np.minimum(v, float(e)), v)
+    v = s._v
+    if v is None:
+        items = sorted(s.terms.items(), key=lambda kc: -float(kc[0][0]))
+        if items and np.count_nonzero(items[-1][1]) == items[-1][1].size:
+            v = np.full(s.shape, float(items[-1][0][0]))  # the lowest term is nonzero everywhere
+        else:
+            v = np.full(s.shape, np.inf)
+            for (e, _j), c in items:
+                v = np.where(c != 0, float(e), v)  # the smallest exponent is written last
+        s._v = v
     return v
 
 
@@ -190,25 +311,64 @@ def veff(s: Series) -> np.ndarray:
     return np.minimum(val(s), s.H)
 
 
+def _uniform(x: np.ndarray) -> float | None:
+    if not x.size:
+        return None
+    lo = float(x.min())
+    return lo if lo == float(x.max()) else None
+
+
+def uniform_h(s: Series) -> float | None:
+    """The horizon if it is the same for every element, else None."""
+    if s._hu is False:
+        s._hu = _uniform(s.H)
+    return s._hu
+
+
+def uniform_veff(s: Series) -> float | None:
+    """veff if it is the same for every element, else None."""
+    if s._vu is False:
+        s._vu = _uniform(veff(s))
+    return s._vu
+
+
 def exact_zero(s: Series) -> np.ndarray:
-    return (val(s) == np.inf) & np.isinf(s.H) & (s.bad == OK)
+    ez = s._ez
+    if ez is None:
+        if s.terms:
+            ez = (val(s) == np.inf) & np.isinf(s.H) & (s.bad == OK)
+        else:
+            ez = np.isinf(s.H) & (s.bad == OK)
+        s._ez = ez
+    return ez
 
 
 def lead(s: Series):
     """Per element: exponent (inf if none known), log power and coefficient of the dominant term."""
-    E = np.full(s.shape, np.inf)
-    J = np.zeros(s.shape, np.int64)
-    C = np.zeros(s.shape)
-    found = np.zeros(s.shape, bool)
-    for k in s.keys():
-        c = s.terms[k]
-        m = (~found) & (c != 0)
-        if m.any():
-            E = np.where(m, float(k[0]), E)
-            J = np.where(m, k[1], J)
-            C = np.where(m, c, C)
-            found |= m
-    return E, J, C
+    ld = s._ld
+    if ld is not None:
+        return ld
+    keys = s.keys()
+    if len(keys) == 1:
+        (e, j), c = keys[0], s.terms[keys[0]]
+        nz = c != 0
+        ld = (np.where(nz, float(e), np.inf), np.where(nz, j, 0), np.where(nz, c, 0.0))
+    else:
+        E = np.full(s.shape, np.inf)
+        J = np.zeros(s.shape, np.int64)
+        C = np.zeros(s.shape)
+        found = np.zeros(s.shape, bool)
+        for k in keys:
+            c = s.terms[k]
+            m = (~found) & (c != 0)
+            if np.count_nonzero(m):
+                E = np.where(m, float(k[0]), E)
+                J = np.where(m, k[1], J)
+                C = np.where(m, c, C)
+                found |= m
+        ld = (E, J, C)
+    s._ld = ld
+    return ld
 
 
 def lead_exact(s: Series):
@@ -220,7 +380,7 @@ def lead_exact(s: Series):
     for k in s.keys():
         c = s.terms[k]
         m = (~found) & (c != 0)
-        if m.any():
+        if np.count_nonzero(m):
             E[m] = k[0]
             J = np.where(m, k[1], J)
             C = np.where(m, c, C)
@@ -236,6 +396,115 @@ def sign_of(s: Series):
     return np.where(undec, 0.0, sg), undec
 
 
+# -- signed infinities (POISON elements known to tend to +inf or -inf) ------------------------
+
+
+# ``inf`` codes of POISON elements: +-SOFT tends to +-inf (cbrt(log t)), +-HARD is +-inf for every
+# small t (log 0), ANYSOFT / ANYHARD the same with an unknown sign (x / 0: the sign of the zero);
+# NAN is NaN for every small t whatever that sign (sin of an infinity)
+SOFT, HARD, ANYSOFT, ANYHARD, NAN = 1, 3, 2, 4, 5
+
+
+def inf_code(s: Series) -> np.ndarray:
+    """Per element: the ``inf`` code where s is a POISON element that carries one, else 0."""
+    if s.inf is None:
+        return np.zeros(s.shape, np.int8)
+    return np.where(s.bad == POISON, np.broadcast_to(s.inf, s.shape), 0).astype(np.int8)
+
+
+def inf_parts(s: Series, shape=None):
+    """(infinite, sign in {-1, 0 (unknown), 1}, hard) per element."""
+    c = inf_code(s)
+    if shape is not None:
+        c = np.broadcast_to(c, shape)
+    a = np.abs(c)
+    return (c != 0) & (c != NAN), np.where((a == SOFT) | (a == HARD), np.sign(c), 0), \
+        (a == HARD) | (c == ANYHARD)
+
+
+def nan_mask(s: Series) -> np.ndarray:
+    """Elements that are NaN for every small t (see NAN)."""
+    return inf_code(s) == NAN
+
+
+def periodic_at_inf(out: Series, a: Series) -> Series:
+    """sin, cos or tan of a (out): NaN for every small t where a is +-inf for every small t."""
+    if a.inf is None:
+        return out
+    ia, _, hard = inf_parts(a)
+    return with_inf(out, np.where(ia & hard, NAN, 0))
+
+
+def inf_make(isinf, sgn, hard) -> np.ndarray:
+    """The ``inf`` codes of :func:`inf_parts`' triple."""
+    known = np.where(hard, HARD, SOFT) * np.sign(sgn)
+    return np.where(isinf, np.where(sgn != 0, known, np.where(hard, ANYHARD, ANYSOFT)),
+                    0).astype(np.int8)
+
+
+def inf_sign(s: Series) -> np.ndarray:
+    """Per element: +1 or -1 where s is known to tend to +inf or -inf, else 0."""
+    return inf_parts(s)[1].astype(np.int8)
+
+
+def with_inf(s: Series, code) -> Series:
+    """s with the elements where ``code`` is nonzero replaced by POISON elements carrying it."""
+    code = np.broadcast_to(np.asarray(code, np.int8), s.shape)
+    m = code != 0
+    if not np.count_nonzero(m):
+        return s
+    terms = {}
+    for k, c in s.terms.items():
+        c = np.where(m, 0.0, c)
+        if np.count_nonzero(c):
+            terms[k] = c
+    return Series(terms, np.where(m, np.inf, s.H), np.where(m, POISON, s.bad).astype(np.int8),
+                  np.where(m, code, inf_code(s)).astype(np.int8))
+
+
+def set_exact(s: Series, mask, values) -> Series:
+    """s with the elements in ``mask`` replaced by exact constants (flags cleared)."""
+    mask = np.broadcast_to(np.asarray(mask, bool), s.shape)
+    if not np.count_nonzero(mask):
+        return s
+    vals = np.broadcast_to(np.asarray(values, np.float64), s.shape)
+    terms = {k: np.where(mask, 0.0, c) for k, c in s.terms.items()}
+    c0 = np.where(mask, vals, terms.get((ZERO, 0), 0.0))
+    terms[(ZERO, 0)] = c0
+    out = mk(terms, np.where(mask, np.inf, s.H), np.where(mask, OK, s.bad), s.shape)
+    out.inf = None if s.inf is None else np.where(mask, 0, s.inf).astype(np.int8)
+    return out
+
+
+def hard_limits(a: Series, lo, hi):
+    """(mask, values): where a is +-inf for every small t (a hard infinity of known sign), the
+    value ``hi`` (at +inf) or ``lo`` (at -inf) of a function saturating there, exactly as IEEE
+    arithmetic gives it (tanh(+inf) = 1, exp(-inf) = 0)."""
+    ia, sg, hard = inf_parts(a)
+    m = ia & hard & (sg != 0)
+    return m, np.where(sg > 0, hi, lo)
+
+
+def _neg_code(c: np.ndarray) -> np.ndarray:
+    return np.where((c == ANYSOFT) | (c == ANYHARD), c, -c).astype(np.int8)
+
+
+def bounded(s: Series) -> np.ndarray:
+    """Elements known to stay bounded as t -> 0+: no pole, no log at t^0, and a known limit."""
+    return (s.bad == OK) & ~_pole_mask(s) & (s.H > EPS)
+
+
+def far_sign(s: Series):
+    """Per element: (the sign of s where it is known to stay away from zero as t -> 0+, i.e. a
+    known leading term with exponent <= 0, else 0; the sign where it is known to be nonzero for
+    all small t, i.e. any known leading term, else 0)."""
+    E, J, C = lead(s)
+    sg = np.sign(C) * np.where(J % 2 == 1, -1.0, 1.0)
+    ok = s.bad == OK
+    return (np.where(ok & (E <= EPS), sg, 0.0).astype(np.int8),
+            np.where(ok & (E < np.inf), sg, 0.0).astype(np.int8))
+
+
 # -- arithmetic -------------------------------------------------------------------------------
 
 
@@ -243,22 +512,61 @@ def _bshape(*ss: Series) -> tuple:
     return np.broadcast_shapes(*(s.shape for s in ss))
 
 
+def _cancel(c: np.ndarray, m) -> np.ndarray:
+    """c with the coefficients that cancelled down to TOL times the magnitude m of what was
+    summed set to exactly zero (never an infinite one)."""
+    small = np.abs(c) <= TOL * m
+    if np.count_nonzero(small):
+        return np.where(small & np.isfinite(c), 0.0, c)
+    return c
+
+
+def _shape2(a: Series, b: Series) -> tuple:
+    return a.shape if a.shape == b.shape else np.broadcast_shapes(a.shape, b.shape)
+
+
 def add(a: Series, b: Series, sb: float = 1.0) -> Series:
-    shape = _bshape(a, b)
+    if a is b and sb == -1.0:  # the same function of t: a - a is exactly zero where defined
+        return Series({}, np.where(a.bad == OK, np.inf, a.H), a.bad)
+    shape = _shape2(a, b)
+    if not b.terms and a.shape == shape and _is_exact(b, 0.0):  # a + 0 is a itself (kept for
+        return a  # a - a and a / a)
+    if sb == 1.0 and not a.terms and b.shape == shape and _is_exact(a, 0.0):
+        return b
     terms = {}
-    for k in set(a.terms) | set(b.terms):
-        ca = a.terms.get(k)
-        cb = b.terms.get(k)
-        if ca is None:
-            terms[k] = sb * cb
-        elif cb is None:
+    bt = b.terms
+    for k, ca in a.terms.items():
+        cb = bt.get(k)
+        if cb is None:
             terms[k] = ca
-        else:
-            c = ca + sb * cb
-            m = np.abs(ca) + np.abs(cb)
-            with np.errstate(invalid="ignore"):
-                terms[k] = np.where((np.abs(c) <= TOL * m) & np.isfinite(c), 0.0, c)
-    return mk(terms, np.minimum(a.H, b.H), np.maximum(a.bad, b.bad), shape)
+            continue
+        c = ca + cb if sb == 1.0 else ca - cb if sb == -1.0 else ca + sb * cb
+        terms[k] = _cancel(c, np.abs(ca) + np.abs(cb))
+    for k, cb in bt.items():
+        if k not in terms:
+            terms[k] = cb if sb == 1.0 else -cb if sb == -1.0 else sb * cb
+    H = a.H if a.H is b.H else np.minimum(a.H, b.H)
+    bad = a.bad if a.bad is b.bad else np.maximum(a.bad, b.bad)
+    out = mk(terms, H, bad, shape)
+    if a.inf is not None or b.inf is not None:
+        out = with_inf(out, _add_inf(a, b, sb < 0, shape))
+    return out
+
+
+def _add_inf(a: Series, b: Series, minus: bool, shape) -> np.ndarray:
+    """inf + inf of the same sign; a hard inf plus anything finite for each t; a soft inf plus
+    anything bounded."""
+    ia, sa, ha = inf_parts(a, shape)
+    ib, sb, hb = inf_parts(b, shape)
+    if minus:
+        sb = -sb
+    fin_a, fin_b = np.broadcast_to(a.bad == OK, shape), np.broadcast_to(b.bad == OK, shape)
+    bnd_a, bnd_b = np.broadcast_to(bounded(a), shape), np.broadcast_to(bounded(b), shape)
+    both = ia & ib & (sa == sb) & (sa != 0)
+    only_a = ia & ~ib & ((ha & fin_b) | (~ha & bnd_b))
+    only_b = ib & ~ia & ((hb & fin_a) | (~hb & bnd_a))
+    return inf_make(both | only_a | only_b, np.where(only_b, sb, sa),
+                    np.where(both, ha | hb, np.where(only_b, hb, ha)))
 
 
 def sub(a: Series, b: Series) -> Series:
@@ -266,35 +574,64 @@ def sub(a: Series, b: Series) -> Series:
 
 
 def neg(a: Series) -> Series:
-    return Series({k: -c for k, c in a.terms.items()}, a.H, a.bad)
+    return Series({k: -c for k, c in a.terms.items()}, a.H, a.bad,
+                  None if a.inf is None else _neg_code(a.inf))
 
 
 def add_const(a: Series, c) -> Series:
     return add(a, Series.exact(c))
 
 
+def _is_exact(s: Series, value: float) -> bool:
+    """Every element is the exact constant ``value`` (no flags, infinite horizon)."""
+    if value == 0.0:
+        if s.terms:
+            return False
+    elif len(s.terms) != 1 or (ZERO, 0) not in s.terms:
+        return False
+    if s.inf is not None or np.count_nonzero(s.bad) or not np.all(np.isinf(s.H)):
+        return False
+    return value == 0.0 or bool(np.all(s.terms[(ZERO, 0)] == value))
+
+
 def mul(a: Series, b: Series, absorb: bool = False) -> Series:
     """a * b. With ``absorb`` (local partials of the reverse sweep), an identically zero factor
     absorbs an infinite (POISON) one: 0^y log 0 is the derivative of the zero function."""
-    shape = _bshape(a, b)
+    shape = _shape2(a, b)
+    if b._c and a.shape == shape and _is_exact(b, 1.0):  # a * 1 is a itself
+        return a
+    if a._c and b.shape == shape and _is_exact(a, 1.0):
+        return b
+    if a._c and a.terms:
+        return _mul_const(b, a.terms[(ZERO, 0)], a, absorb, shape)
+    if b._c and b.terms:
+        return _mul_const(a, b.terms[(ZERO, 0)], b, absorb, shape)
     va, vb = veff(a), veff(b)
-    with np.errstate(invalid="ignore"):
-        H = np.minimum(a.H + vb, b.H + va)
-    H = np.where(np.isnan(H), np.inf, H)
-    za, zb = exact_zero(a), exact_zero(b)
-    bad = np.maximum(a.bad, b.bad)
-    if absorb:
+    H = np.minimum(a.H + vb, b.H + va)
+    bad = a.bad if a.bad is b.bad else np.maximum(a.bad, b.bad)
+    if absorb and np.count_nonzero(bad):
+        za, zb = exact_zero(a), exact_zero(b)
         bad = np.where((za & (b.bad == POISON)) | (zb & (a.bad == POISON)), OK, bad)
-    c_ = cap()
+    c_ = _CAP[0] - EPS
     acc: dict = {}
     mag: dict = {}
+    full: dict = {}  # per coefficient array: nonzero everywhere?
     for (ea, ja), ca in a.terms.items():
         for (eb, jb), cb in b.terms.items():
             e, j = ea + eb, ja + jb
-            p = ca * cb
-            if float(e) >= c_ - EPS or j > D:
-                H = np.where(p != 0, np.minimum(H, float(e)), H)
+            if float(e) >= c_ or j > D:  # dropped: lowers the horizon where the product is not 0
+                fa = full.get(id(ca))
+                if fa is None:
+                    fa = full[id(ca)] = bool(ca.all())
+                fb = full.get(id(cb))
+                if fb is None:
+                    fb = full[id(cb)] = bool(cb.all())
+                if fa and fb:
+                    H = np.minimum(H, float(e))
+                else:
+                    H = np.where((ca != 0) & (cb != 0), np.minimum(H, float(e)), H)
                 continue
+            p = ca * cb
             k = (e, j)
             if k in acc:
                 prev = acc[k]
@@ -305,9 +642,44 @@ def mul(a: Series, b: Series, absorb: bool = False) -> Series:
                 mag[k] = None
     for k, m in mag.items():
         if m is not None:
-            c = acc[k]
-            acc[k] = np.where((np.abs(c) <= TOL * m) & np.isfinite(c), 0.0, c)
-    return mk(acc, H, bad, shape)
+            acc[k] = _cancel(acc[k], m)
+    out = mk(acc, H, bad, shape)
+    if not absorb and (a.inf is not None or b.inf is not None):
+        out = with_inf(out, _mul_inf(a, b, shape))
+    return out
+
+
+def _mul_const(b: Series, c: np.ndarray, a: Series, absorb: bool, shape) -> Series:
+    """b times the exact constant series a = c: every term scaled, no cancellation; the horizon
+    is b's where c != 0 and infinite where c == 0 (an exact zero)."""
+    terms = {k: c * cb for k, cb in b.terms.items()}
+    if c.all():
+        H, zero = b.H, None
+    else:
+        zero = c == 0
+        H = np.where(zero, np.inf, b.H)
+    bad = b.bad
+    if absorb and zero is not None:
+        bad = np.where(zero & (b.bad == POISON), OK, bad)
+    out = mk(terms, H, bad, shape)
+    if not absorb and b.inf is not None:
+        out = with_inf(out, _mul_inf(a, b, shape))
+    return out
+
+
+def _mul_inf(a: Series, b: Series, shape) -> np.ndarray:
+    """inf * inf; a hard inf times anything nonzero for each small t; a soft inf times anything
+    that stays away from zero. The sign is the product's where both signs are known."""
+    ia, sa, ha = inf_parts(a, shape)
+    ib, sb, hb = inf_parts(b, shape)
+    far_a, nz_a = (np.broadcast_to(x, shape) for x in far_sign(a))
+    far_b, nz_b = (np.broadcast_to(x, shape) for x in far_sign(b))
+    both = ia & ib
+    only_a = ia & ~ib & ((ha & (nz_b != 0)) | (~ha & (far_b != 0)))
+    only_b = ib & ~ia & ((hb & (nz_a != 0)) | (~hb & (far_a != 0)))
+    sgn = np.where(both, sa * sb, np.where(only_a, sa * nz_b, sb * nz_a))
+    return inf_make(both | only_a | only_b, sgn,
+                    np.where(both, ha | hb, np.where(only_a, ha, hb)))
 
 
 def rmul(cot: Series, partial: Series) -> Series:
@@ -315,8 +687,10 @@ def rmul(cot: Series, partial: Series) -> Series:
     zero along the ray (a structural zero), the product is exactly zero whatever the partial is
     (infinite, undecided or outside the domain): that path does not reach the output."""
     out = mul(cot, partial, absorb=True)
+    if not np.count_nonzero(out.bad):
+        return out
     zc = exact_zero(cot)
-    if zc.any() and (out.bad != OK).any():
+    if np.count_nonzero(zc):
         zc = np.broadcast_to(zc, out.shape)
         terms = {k: np.where(zc, 0.0, c) for k, c in out.terms.items()}
         out = mk(terms, np.where(zc, np.inf, out.H), np.where(zc, OK, out.bad), out.shape)
@@ -337,12 +711,20 @@ def shift(a: Series, d: Fraction, j: int = 0) -> Series:
 def select(mask, a: Series, b: Series) -> Series:
     """Per element: a where mask else b."""
     shape = np.broadcast_shapes(np.shape(mask), a.shape, b.shape)
+    mask = np.asarray(mask)
+    if mask.all() and a.shape == shape:
+        return a
+    if not np.count_nonzero(mask) and b.shape == shape:
+        return b
     terms = {}
     for k in set(a.terms) | set(b.terms):
         ca = a.terms.get(k, 0.0)
         cb = b.terms.get(k, 0.0)
         terms[k] = np.where(mask, ca, cb)
-    return mk(terms, np.where(mask, a.H, b.H), np.where(mask, a.bad, b.bad), shape)
+    out = mk(terms, np.where(mask, a.H, b.H), np.where(mask, a.bad, b.bad), shape)
+    if a.inf is not None or b.inf is not None:
+        out.inf = np.where(mask, inf_code(a), inf_code(b)).astype(np.int8)
+    return out
 
 
 def restrict(a: Series, mask) -> Series:
@@ -352,8 +734,23 @@ def restrict(a: Series, mask) -> Series:
 
 def flag(a: Series, mask, code: int) -> Series:
     """Mark elements with a status code (keeps the worse one)."""
+    mask = np.asarray(mask)
+    if not np.count_nonzero(mask):
+        return a
     bad = np.where(mask, np.maximum(a.bad, code), a.bad).astype(np.int8)
-    return mk(a.terms, a.H, bad, a.shape)
+    out = mk(a.terms, a.H, bad, a.shape)
+    out.inf = a.inf  # only read where bad == POISON, which flagging never lowers to
+    return out
+
+
+def flag_codes(a: Series, codes) -> Series:
+    """Mark elements with per-element status codes (OK where nothing is to be marked)."""
+    codes = np.broadcast_to(np.asarray(codes, np.int8), a.shape)
+    if not np.count_nonzero(codes):
+        return a
+    out = mk(a.terms, a.H, np.maximum(a.bad, codes), a.shape)
+    out.inf = a.inf
+    return out
 
 
 def drop_const(a: Series) -> Series:
@@ -366,7 +763,7 @@ def horizon_min(a: Series, H) -> Series:
 
 
 def _groups(E: np.ndarray, ok: np.ndarray) -> list:
-    return sorted({e for e in E[ok].ravel()}) if ok.any() else []
+    return sorted({e for e in E[ok].ravel()}) if np.count_nonzero(ok) else []
 
 
 # -- compositions -----------------------------------------------------------------------------
@@ -375,57 +772,95 @@ def _groups(E: np.ndarray, ok: np.ndarray) -> list:
 def compose(delta: Series, coeffs: Callable[[int], list]) -> Series:
     """sum_k c_k delta**k for delta with positive valuation (c_k arrays). ``coeffs(N)`` returns
     c_0..c_N; the truncation lowers the horizon to (N+1) * val(delta) per element."""
-    d = np.where(delta.bad != OK, np.inf, veff(delta))
-    if np.any(d <= EPS):
+    d = veff(delta)
+    if np.count_nonzero(delta.bad):
+        d = np.where(delta.bad != OK, np.inf, d)
+    dmin = float(d.min()) if d.size else np.inf
+    if dmin <= EPS:
         raise ValueError("compose needs a positive valuation")
-    fin = np.isfinite(d)
-    dmin = float(d[fin].min()) if fin.any() else np.inf
-    N = 0 if not np.isfinite(dmin) else min(NMAX, int(math.floor((cap() - EPS) / dmin)))
+    # (a cap at or below 0, relative to a shift the caller applies, keeps no term at all: the
+    # constant term is then dropped by mk, lowering the horizon to 0)
+    N = 0 if not np.isfinite(dmin) else max(0, min(NMAX, int(math.floor((cap() - EPS) / dmin))))
     cs = coeffs(N)
     res = Series.exact(cs[N])
     for k in range(N - 1, -1, -1):
         res = add(mul(res, delta), Series.exact(cs[k]))
-    res = horizon_min(res, (N + 1) * d)
-    shape = _bshape(res, delta)
-    return mk(res.terms, np.broadcast_to(res.H, shape), np.maximum(res.bad, delta.bad), shape)
+    shape = _shape2(res, delta)
+    return mk(res.terms, np.minimum(res.H, (N + 1) * d), np.maximum(res.bad, delta.bad), shape)
+
+
+def _compose1(delta: Series, coeffs: Callable[[int], list]) -> Series | None:
+    """`compose` where it stops at the linear term (N = 1) and delta has no flags and no t^0
+    term: c0 + c1 delta has no cancellation, so it is built directly; None otherwise."""
+    if not delta.terms or delta.inf is not None or np.count_nonzero(delta.bad) or \
+            any(float(e) <= 0 for e, _j in delta.terms):
+        return None
+    d = veff(delta)
+    dmin = float(np.minimum.reduce(d, axis=None)) if d.size else np.inf
+    if not dmin > EPS or not np.isfinite(dmin) or \
+            min(NMAX, int(math.floor((cap() - EPS) / dmin))) != 1:
+        return None
+    c0, c1 = (np.asarray(c, np.float64) for c in coeffs(1))
+    terms = {k: c1 * c for k, c in delta.terms.items()}
+    terms[(ZERO, 0)] = c0
+    H = delta.H if np.count_nonzero(c1) == c1.size else np.where(c1 != 0, delta.H, np.inf)
+    return mk(terms, np.minimum(H, 2 * d), np.int8(OK),
+              np.broadcast_shapes(np.shape(c0), np.shape(c1), delta.shape))
 
 
 def analytic(a: Series, taylor: Callable[[np.ndarray, int], list]) -> Series:
     """phi(a) for phi analytic at the limit a0 of every element (the caller checks). ``taylor(a0,
     N)`` returns phi^(k)(a0)/k! for k = 0..N. Elements with a pole or a log term at t^0 are
     marked UNDEC."""
-    pole = _pole_mask(a)
+    pole = _pole_mask(a) if _pole_keys(a) else None
     a0 = a.coef()
     delta = drop_const(a)
-    if pole.any():
+    if pole is not None and np.count_nonzero(pole):
         delta = restrict(delta, ~pole)
         a0 = np.where(pole, 0.0, a0)
+    else:
+        pole = None
     a0 = np.broadcast_to(a0, a.shape)
-    unknown0 = a.H <= EPS  # the limit itself is not known
-    if unknown0.any():
+    unknown0 = None
+    if a.H.size and float(a.H.min()) <= EPS:  # the limit itself is not known
+        unknown0 = a.H <= EPS
         delta = restrict(delta, ~unknown0)
     cache: dict = {}
 
     def coeffs(N: int) -> list:
-        if N not in cache:
-            with np.errstate(all="ignore"):
-                cache[N] = [np.asarray(c, np.float64) for c in taylor(a0, N)]
+        if N not in cache:  # (inf and nan coefficients are flagged below)
+            cache[N] = [np.asarray(c, np.float64) for c in taylor(a0, N)]
         return cache[N]
 
-    out = compose(delta, coeffs)
+    out = _compose1(delta, coeffs) if pole is None and unknown0 is None else None
+    if out is None:
+        out = compose(delta, coeffs)
     cs = cache[max(cache)]
-    nonfin = np.zeros(a.shape, bool)
-    for c in cs:
-        nonfin |= ~np.isfinite(np.broadcast_to(c, a.shape))
-    if nonfin.any():
+    undec = None
+    if not all(np.isfinite(c).all() for c in cs):
+        nonfin = np.zeros(a.shape, bool)
+        for c in cs:
+            nonfin |= ~np.isfinite(np.broadcast_to(c, a.shape))
         terms = {k: np.where(nonfin, 0.0, c) for k, c in out.terms.items()}
         out = Series(terms, out.H, out.bad)
-    out = flag(out, pole | unknown0 | nonfin, UNDEC)
+        undec = nonfin
+    for m in (pole, unknown0):
+        if m is not None:
+            undec = m if undec is None else undec | m
+    if undec is not None:
+        out = flag(out, undec, UNDEC)
     return _keep_bad(out, a)
 
 
 def _keep_bad(out: Series, a: Series) -> Series:
+    if not np.count_nonzero(a.bad):
+        return out
     return mk(out.terms, out.H, np.maximum(out.bad, np.broadcast_to(a.bad, out.shape)), out.shape)
+
+
+def _pole_keys(a: Series) -> bool:
+    """Whether a has a term that could be a pole (a negative exponent, or a log at t^0)."""
+    return any(float(e) < 0 or (j > 0 and float(e) == 0) for (e, j) in a.terms)
 
 
 def _pole_mask(a: Series) -> np.ndarray:
@@ -478,8 +913,21 @@ def taylor_expm1(a0, n):
     return [np.expm1(a0)] + [e / math.factorial(k) for k in range(1, n + 1)]
 
 
+# Beyond this argument, the rounding error of a computed limit a0 (relative 1e-16 and more, as
+# in exp(exp(x))) is above about 1e-8 in sin(a0), cos(a0), tan(a0): their coefficients (and any
+# sign decided from them) are not trusted, and the elements are left undecided (NaN
+# coefficients, see `analytic`).
+PERIODIC_MAX = 2.0 ** 24
+
+
+def _periodic_arg(a0):
+    a0 = np.asarray(a0, np.float64)
+    return np.where(np.abs(a0) > PERIODIC_MAX, np.nan, a0)
+
+
 def _sincos_cycle(a0, n, start: int):
     """Derivatives of sin cycle sin, cos, -sin, -cos (exactly, no sin(a0 + k pi/2) rounding)."""
+    a0 = _periodic_arg(a0)
     s, c = np.sin(a0), np.cos(a0)
     cyc = [s, c, -s, -c]
     return [cyc[(start + k) % 4] / math.factorial(k) for k in range(n + 1)]
@@ -497,8 +945,15 @@ def _ode_quadratic(y0, n, c0, c1, c2):
     """y' = c0 + c1 y + c2 y^2 along s."""
     y = [y0]
     for k in range(n):
-        sq = sum(y[i] * y[k - i] for i in range(k + 1))
-        y.append(((c0 if k == 0 else 0.0) + c1 * y[k] + c2 * sq) / (k + 1))
+        sq = y[0] * y[k]
+        for i in range(1, k + 1):
+            sq = sq + y[i] * y[k - i]
+        r = c2 * sq
+        if c1:
+            r = r + c1 * y[k]
+        if k == 0 and c0:
+            r = r + c0
+        y.append(r / (k + 1) if k else r)
     return y
 
 
@@ -511,7 +966,7 @@ def taylor_logistic(a0, n):
 
 
 def taylor_tan(a0, n):
-    return _ode_quadratic(np.tan(a0), n, 1.0, 0.0, 1.0)
+    return _ode_quadratic(np.tan(_periodic_arg(a0)), n, 1.0, 0.0, 1.0)
 
 
 def taylor_atan(a0, n):
@@ -563,7 +1018,7 @@ def taylor_log1_plus(a0, n):
 def rational(x: float, maxden: int = 1000) -> Fraction | None:
     if not np.isfinite(x):
         return None
-    f = Fraction(float(x)).limit_denominator(maxden)
+    f = q(Fraction(float(x)).limit_denominator(maxden))
     return f if abs(float(f) - x) <= 1e-12 * max(1.0, abs(x)) else None
 
 
@@ -587,7 +1042,7 @@ def _normalize(b: Series, m: np.ndarray, e: Fraction, C: np.ndarray) -> Series:
 
 def power(b: Series, p: Fraction) -> Series:
     """b**p for a rational p (sqrt, rsqrt, cbrt, 1/b, x**0.3)."""
-    p = Fraction(p)
+    p = q(Fraction(p))
     if p == 0:
         return _keep_bad(Series.exact(np.ones(b.shape)), b)
     if p.denominator == 1 and p > 0:
@@ -598,7 +1053,7 @@ def power(b: Series, p: Fraction) -> Series:
     out = Series.zeros(b.shape)
     undec = (~found) & (~ez) & (b.bad == OK)
     Hout = np.full(b.shape, np.inf)
-    if undec.any() and p > 0 and p.denominator % 2 == 1:
+    if np.count_nonzero(undec) and p > 0 and p.denominator % 2 == 1:
         # zero up to the horizon H (sign unknown, but an odd root is defined either way): the
         # power is zero up to H * p. An even root of an unknown sign stays undecided (domain).
         Hout = np.where(undec, b.H * float(p), Hout)
@@ -625,16 +1080,41 @@ def power(b: Series, p: Fraction) -> Series:
         g = shift(scale(g, np.where(m, sgn * absC, 0.0)), shift_e)
         g = restrict(g, m)
         out = add(out, g)
+    # A leading log factor, c t^e (log t)^j: its sign decides the domain, and where |b|**p
+    # grows without bound (|b| -> inf with p > 0, or |b| -> 0 with p < 0) the power is a signed
+    # infinity (cbrt(log t) -> -inf). Otherwise ((log t)^(j p) -> 0) it stays undecided.
+    even, odd_num = p.denominator % 2 == 0, p.numerator % 2 == 1
+    grow = np.zeros(b.shape, np.int8)
+    if np.count_nonzero(logs):
+        E = lead(b)[0]
+        sgl = np.sign(C) * np.where(J % 2 == 1, -1.0, 1.0)
+        if even:
+            domain |= logs & (sgl < 0)
+        g_ = logs & ~domain & (((E <= EPS) & (p > 0)) | ((E > EPS) & (p < 0)))
+        grow = np.where(g_, np.where((sgl < 0) & odd_num, -SOFT, SOFT), grow).astype(np.int8)
+        logs = logs & ~domain & ~g_
+    if p > 0 and b.inf is not None:  # (+-inf)**p, of either kind
+        ib, sg_, hard = inf_parts(b)
+        if even:
+            domain |= ib & (sg_ < 0)
+        sg_ = np.where(sg_ < 0, -1 if odd_num else 1, np.where(sg_ > 0, 1, 0 if odd_num else 1))
+        grow = np.where(ib & ~domain & ~(even & (sg_ == 0)), inf_make(ib, sg_, hard), grow)
+    # 0**p, p < 0: +-inf, the sign of the zero deciding; +inf for the constant +0.0
+    grow = np.where(poison, HARD if b._pz else ANYHARD, grow)
     out = mk(out.terms, np.minimum(out.H, Hout), np.maximum(out.bad, b.bad), b.shape)
     out = flag(out, poison, POISON)
     out = flag(out, undec | logs, UNDEC)
-    return flag(out, domain, DOMAIN)
+    out = with_inf(flag(out, domain, DOMAIN), grow)
+    if p < 0 and b.inf is not None:  # (+-inf)**p = 0 for every t where b is +-inf for every t
+        ib, _, hard = inf_parts(b)
+        out = set_exact(out, ib & hard, 0.0)
+    return out
 
 
 def ipow(b: Series, n: int) -> Series:
     """b**n for an integer n (exact multiplication for n >= 0)."""
     if n < 0:
-        return power(b, Fraction(n))
+        return power(b, q(n))
     res = None
     base = b
     while n:
@@ -647,16 +1127,29 @@ def ipow(b: Series, n: int) -> Series:
 
 
 def inv(b: Series) -> Series:
-    return power(b, Fraction(-1))
+    return power(b, q(-1))
 
 
 def log(b: Series) -> Series:
     Ef, J, C, found = lead_exact(b)
     ez = exact_zero(b)
     ok = found & (b.bad == OK)
-    undec = ((~found) & (~ez) & (b.bad == OK)) | (ok & (J > 0))
+    undec = (~found) & (~ez) & (b.bad == OK)
     domain = ok & (J == 0) & (C < 0)
     use = ok & (J == 0) & (C > 0)
+    # log 0 = -inf; a leading log factor c t^e (log t)^j: negative is outside the domain,
+    # positive gives a signed infinity (|b| -> inf for e <= 0, b -> 0+ for e > 0); log(+inf) = +inf
+    grow = np.where(ez, -HARD, 0).astype(np.int8)
+    logs = ok & (J > 0)
+    if np.count_nonzero(logs):
+        E = lead(b)[0]
+        sgl = np.sign(C) * np.where(J % 2 == 1, -1.0, 1.0)
+        domain |= logs & (sgl < 0)
+        grow = np.where(logs & (sgl > 0), np.where(E <= EPS, SOFT, -SOFT), grow).astype(np.int8)
+    if b.inf is not None:
+        ib, sg_, hard = inf_parts(b)
+        domain |= ib & (sg_ < 0)
+        grow = np.where(ib & (sg_ > 0), np.where(hard, HARD, SOFT), grow).astype(np.int8)
     out = Series.zeros(b.shape)
     for e in _groups(Ef, use):
         m = use & (Ef == e)
@@ -674,7 +1167,7 @@ def log(b: Series) -> Series:
     out = mk(out.terms, out.H, np.maximum(out.bad, b.bad), b.shape)
     out = flag(out, ez, POISON)
     out = flag(out, undec, UNDEC)
-    return flag(out, domain, DOMAIN)
+    return with_inf(flag(out, domain, DOMAIN), grow)
 
 
 def exp(a: Series) -> Series:
@@ -685,38 +1178,51 @@ def exp(a: Series) -> Series:
             pole |= c != 0
     out = Series.zeros(a.shape)
     undec = np.zeros(a.shape, bool)
-    if pole.any():
+    pos_pole = np.zeros(a.shape, bool)
+    if np.count_nonzero(pole):
         pa = Series({k: c for k, c in a.terms.items() if k[0] < 0 or (k[0] == 0 and k[1] >= 2)},
                     a.H, a.bad)
         sg, und = sign_of(pa)
         neg_pole = pole & (sg < 0) & ~und
-        undec |= pole & ~neg_pole
+        pos_pole = pole & (sg > 0) & ~und  # exp(+pole) tends to +inf
+        undec |= pole & ~neg_pole & ~pos_pole
         out = mk({}, np.where(neg_pole, BEYOND, np.inf), np.zeros(a.shape, np.int8), a.shape)
     rest = ~pole
     L = a.coef(ZERO, 1)
     qs = np.full(a.shape, None, dtype=object)
     for idx in map(tuple, np.argwhere(rest & (L != 0))):
-        q = rational(float(L[idx]), 64)
-        if q is None:
+        r = rational(float(L[idx]), 64)
+        if r is None:
             undec[idx] = True
         else:
-            qs[idx] = q
+            qs[idx] = r
     qs[rest & (L == 0)] = ZERO
     base = Series({k: c for k, c in a.terms.items() if k[0] > 0 or k == (ZERO, 0)}, a.H, a.bad)
-    for q in sorted({q for q in qs[rest & ~undec].ravel()}):
-        m = rest & ~undec & (qs == q)
-        with capped(cap() - float(q)):
+    for r in sorted(set(qs[rest & ~undec].ravel())):
+        m = rest & ~undec & (qs == r)
+        with capped(cap() - float(r)):
             g = analytic(restrict(base, m), taylor_exp)
-        g = restrict(shift(g, q), m)
+        g = restrict(shift(g, r), m)
         out = add(out, g)
     out = mk(out.terms, out.H, np.maximum(out.bad, a.bad), a.shape)
-    return flag(out, undec, UNDEC)
+    out = flag(out, undec, UNDEC)
+    if a.inf is not None:  # exp(+inf) = +inf
+        ia, sg_, hard = inf_parts(a)
+        out = with_inf(out, np.where(ia & (sg_ > 0) & (out.bad == POISON),
+                                     np.where(hard, HARD, SOFT), 0))
+    out = with_inf(out, np.where(pos_pole & (out.bad == OK), SOFT, 0))
+    if a.inf is not None:  # exp(-inf) = 0
+        m, _ = hard_limits(a, 0.0, 0.0)
+        out = set_exact(out, m & (inf_sign(a) < 0), 0.0)
+    return out
 
 
 def _limit_pm1(a: Series, lo: float, hi: float) -> Series | None:
     """tanh/logistic-like saturation at a pole: the limit is lo or hi beyond all orders."""
+    if not _pole_keys(a):
+        return None
     pole = _pole_mask(a)
-    if not pole.any():
+    if not np.count_nonzero(pole):
         return None
     pa = Series({k: c for k, c in a.terms.items() if k[0] < 0 or (k[0] == 0 and k[1] > 0)},
                 a.H, a.bad)
@@ -726,13 +1232,37 @@ def _limit_pm1(a: Series, lo: float, hi: float) -> Series | None:
     return flag(mk(s.terms, np.where(pole, BEYOND, np.inf), s.bad, a.shape), pole & und, UNDEC)
 
 
-def saturating(a: Series, taylor, lo: float, hi: float) -> Series:
+def _log_pole_mask(a: Series) -> np.ndarray:
+    """Elements whose only divergent term is c log t (no negative power, no (log t)^2...)."""
+    lp = np.zeros(a.shape, bool)
+    other = np.zeros(a.shape, bool)
+    for (e, j), c in a.terms.items():
+        if e == 0 and j == 1:
+            lp |= c != 0
+        elif e < 0 or (e == 0 and j > 1):
+            other |= c != 0
+    return lp & ~other
+
+
+def saturating(a: Series, taylor, lo: float, hi: float,
+               via_exp: Callable[[Series], Series] | None = None) -> Series:
+    """A function saturating at lo and hi (tanh, logistic, erf): at a pole, the limit beyond all
+    orders, except where the pole is c log t and ``via_exp`` (the function written with exp) is
+    given: exp(c log t) = t^c is algebraic, not beyond all orders (logistic(log t) = t / (1 + t))."""
     sat = _limit_pm1(a, lo, hi)
     if sat is None:
-        return analytic(a, taylor)
-    pole = _pole_mask(a)
-    reg = analytic(restrict(a, ~pole), taylor)
-    return select(pole, sat, reg)
+        out = analytic(a, taylor)
+    else:
+        pole = _pole_mask(a)
+        reg = analytic(restrict(a, ~pole), taylor)
+        out = select(pole, sat, reg)
+        if via_exp is not None:
+            lp = _log_pole_mask(a)
+            if np.count_nonzero(lp):
+                out = select(lp, via_exp(restrict(a, lp)), out)
+    if a.inf is not None:
+        out = set_exact(out, *hard_limits(a, lo, hi))
+    return out
 
 
 def atan2(y: Series, x: Series) -> Series:
@@ -781,18 +1311,23 @@ def bcast(s: Series, shape) -> Series:
     if s.shape == tuple(shape):
         return s
     terms = {k: np.broadcast_to(c, shape) for k, c in s.terms.items()}
-    return Series(terms, np.broadcast_to(s.H, shape), np.broadcast_to(s.bad, shape))
+    return Series(terms, np.broadcast_to(s.H, shape), np.broadcast_to(s.bad, shape),
+                  None if s.inf is None else np.broadcast_to(s.inf, shape))
 
 
 def apply_linear(s: Series, f: Callable, fH: Callable | None = None,
-                 fbad: Callable | None = None) -> Series:
-    """A linear structural map applied termwise; fH/fbad map the horizon (min-like) and flags."""
+                 fbad: Callable | None = None, finf: Callable | None = None) -> Series:
+    """A linear structural map applied termwise; fH/fbad map the horizon (min-like) and flags;
+    ``finf`` (a pure rearrangement: reshape, broadcast, slice) carries signed infinities."""
     fH = fH or f
     fbad = fbad or f
     terms = {k: np.asarray(f(c), np.float64) for k, c in s.terms.items()}
     H = np.asarray(fH(s.H), np.float64)
     bad = np.asarray(fbad(s.bad)).astype(np.int8)
-    return mk(terms, H, bad, H.shape)
+    out = mk(terms, H, bad, H.shape)
+    if finf is not None and s.inf is not None:
+        out.inf = np.asarray(finf(inf_code(s))).astype(np.int8)
+    return out
 
 
 def stack(ss: list, axis: int = 0) -> Series:
