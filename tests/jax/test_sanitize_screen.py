@@ -121,3 +121,8 @@ def test_isnan_is_not_a_boundary():
         assert gsj.sanitize(fun)(x).findings == []
         assert screen(fun, x)[1] == 0
         assert full_kinks(fun, x) == []
+
+
+def test_nonfinite_without_kinks_is_explained():
+    r = gsj.sanitize(jax.grad(lambda x: jnp.sqrt(x) * 2.0))(jnp.float32(0.0))
+    assert [f.catalog_id for f in r.findings] == ["sqrt-at-zero"]

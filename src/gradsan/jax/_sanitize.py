@@ -1206,6 +1206,8 @@ def sanitize(fun: Callable, *, ignore: Sequence[str] = (), argnums: Sequence[int
         ign = set(ignore)
         report.findings = [f for f in report.findings
                            if f.catalog_id not in ign and f.primitive not in ign]
+        if kinks == 0:  # the screen counted nothing: no kink walk needed
+            return report
         closed, flat_args, ev = scan_kinks(fun, args, kwargs)
         want = {k.key for k in ev.kinks if not k.summarized and k.op in TIES}
         per_dir: list[dict] = []
