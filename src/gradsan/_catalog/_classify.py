@@ -48,13 +48,20 @@ Predicate = Callable[[Sequence[np.ndarray], Any, Mapping[str, Any]], "Hit | None
 _PREDICATES: dict[str, Predicate] = {}
 
 
-def predicate(*ops: str) -> Callable[[Predicate], Predicate]:
-    def register(fn: Predicate) -> Predicate:
-        for op in ops:
-            _PREDICATES[op] = fn
-        return fn
+def _registrar(table: dict) -> Callable[..., Callable]:
+    """A decorator factory that files a function in ``table`` under each op name it is given."""
+    def for_ops(*ops: str) -> Callable:
+        def register(fn):
+            for op in ops:
+                table[op] = fn
+            return fn
 
-    return register
+        return register
+
+    return for_ops
+
+
+predicate = _registrar(_PREDICATES)
 
 
 def _bcast(mask: np.ndarray, operands: Sequence[np.ndarray]) -> np.ndarray:
@@ -434,13 +441,7 @@ Mask = Callable[[Any, Sequence[Any], Mapping[str, Any]], Any]
 _MASKS: dict[str, Mask] = {}
 
 
-def mask(*ops: str) -> Callable[[Mask], Mask]:
-    def register(fn: Mask) -> Mask:
-        for op in ops:
-            _MASKS[op] = fn
-        return fn
-
-    return register
+mask = _registrar(_MASKS)
 
 
 @mask("abs", "relu", "sign")

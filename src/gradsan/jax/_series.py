@@ -71,22 +71,12 @@ class Q(Fraction):
         return self is other or Fraction.__eq__(self, other)
 
     def __add__(self, other):
-        if type(other) is Q:
-            r = _ADD.get((self, other))
-            if r is None:
-                r = _ADD[(self, other)] = q(Fraction.__add__(self, other))
-            return r
-        return q(Fraction.__add__(self, other))
+        return _memo(_ADD, Fraction.__add__, self, other)
 
     __radd__ = __add__
 
     def __sub__(self, other):
-        if type(other) is Q:
-            r = _SUB.get((self, other))
-            if r is None:
-                r = _SUB[(self, other)] = q(Fraction.__sub__(self, other))
-            return r
-        return q(Fraction.__sub__(self, other))
+        return _memo(_SUB, Fraction.__sub__, self, other)
 
     def __rsub__(self, other):
         return q(Fraction.__rsub__(self, other))
@@ -109,6 +99,16 @@ class Q(Fraction):
 _INTERN: dict = {}
 _ADD: dict = {}
 _SUB: dict = {}
+
+
+def _memo(table: dict, op, a, b):
+    """``q(op(a, b))``, remembered in ``table`` when both are interned exponents."""
+    if type(b) is not Q:
+        return q(op(a, b))
+    r = table.get((a, b))
+    if r is None:
+        r = table[(a, b)] = q(op(a, b))
+    return r
 
 
 def q(x):
