@@ -222,8 +222,8 @@ def test_report_renders_and_serializes():
 def test_usage_errors():
     with pytest.raises(gradsan.UsageError):
         gsj.certify(3)
-    with pytest.raises(gradsan.UsageError, match="first argument"):
-        gsj.certify(jax.grad(lambda a, b: a * b, argnums=1))(1.0, 2.0)
+    with pytest.raises(gradsan.UsageError, match="argnums 3"):
+        gsj.certify(jax.grad(lambda a, b: a * b, argnums=3))(1.0, 2.0)
     with pytest.raises(gradsan.UsageError, match="scalar loss"):
         gsj.certify(lambda x: x * 2)(jnp.ones(2))
 
@@ -232,3 +232,77 @@ def test_usage_errors():
 
     with pytest.raises(gradsan.UsageError, match="training step"):
         gsj.certify(step)(jnp.ones(2))
+
+
+def _wloss(data, w, scale):
+    return scale * jnp.linalg.norm(w - data) + jnp.sqrt(scale * w[0] ** 2)
+
+
+@pytest.mark.parametrize("argnums", [1, -2, (1,), (1, 2), (2, 1)])
+def test_argnums_other_than_zero(argnums):
+    """jax.grad(loss, argnums=...) is certified with respect to those arguments: the same pytree
+    as jax.grad's output, equal to it at a smooth point, and a Clarke subgradient at the kink."""
+    d = jnp.array([1.0, 2.0])
+    w = jnp.array([2.0, 4.0])
+    g = jax.grad(_wloss, argnums=argnums)
+    r = gsj.certify(g)(d, w, 3.0)
+    assert r.findings[0].detail["label"] == "gradient"
+    want = jax.tree_util.tree_map(np.asarray, g(d, w, 3.0))
+    assert jax.tree_util.tree_structure(r.outputs) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(r.outputs), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    # at w = data the norm has a kink: d/dw is a Clarke subgradient, d/dscale stays a gradient
+    # (|| w - d || = 0 there, and sqrt(scale) |w0| has derivative |w0| / (2 sqrt(scale)))
+    r = gsj.certify(g)(d, d, 3.0)
+    assert r.findings[0].detail["label"] == "clarke-subgradient"
+    name = r.findings[0].outputs[0].path
+    assert name == {1: "w", -2: "w", (1,): "w", (1, 2): "(w, scale)", (2, 1): "(scale, w)"}[
+        argnums]
+    if argnums in ((1, 2), (2, 1)):
+        gs = dict(zip(argnums, r.outputs))
+        assert float(gs[2]) == pytest.approx(1.0 / (2 * np.sqrt(3.0)), rel=1e-12)
+
+
+_MASK = np.array([True, True, False])
+
+
+def _masked_attention(x):
+    s = jnp.where(_MASK, x, -jnp.inf)  # the usual attention mask: -inf where masked out
+    return jnp.sum(jax.nn.softmax(s) * jnp.array([1.0, 2.0, 3.0])) + jnp.linalg.norm(x[:2])
+
+
+def test_minus_inf_masks_are_hard_infinities():
+    """A constant -inf (an attention mask, the start of a max) is -inf for every t: it drops out
+    of max and softmax, exp(-inf) = 0, and the gradient is jax.grad's where that is finite."""
+    x = jnp.array([1.0, 2.0, 5.0])
+    r = gsj.certify(_masked_attention)(x)
+    assert r.findings[0].detail["label"] == "gradient"
+    np.testing.assert_allclose(r.outputs, np.asarray(jax.grad(_masked_attention)(x)), rtol=1e-6)
+    # at x = 0 the norm has a kink (jax.grad: NaN); the softmax part still has its gradient
+    r = gsj.certify(_masked_attention, directions=[jnp.array([1.0, 0, 0]),
+                                                    jnp.array([-1.0, 0, 0])])(jnp.zeros(3))
+    assert r.findings[0].detail["label"] == "clarke-subgradient"
+    # softmax([x0, x1]) . [1, 2] has gradient [-0.25, 0.25] at 0; the norm adds +-e0
+    lims = [v["gradient"][0] for v in r.findings[0].detail["verdicts"]]
+    np.testing.assert_allclose(lims[0], [0.75, 0.25, 0.0], atol=1e-12)
+    np.testing.assert_allclose(lims[1], [-1.25, 0.25, 0.0], atol=1e-12)
+
+    def lse(x):
+        return jax.nn.logsumexp(jnp.where(_MASK, x, -jnp.inf)) + jnp.max(
+            jnp.concatenate([x, jnp.array([-jnp.inf])]))
+
+    r = gsj.certify(lse)(x)
+    assert r.findings[0].detail["label"] == "gradient"
+    np.testing.assert_allclose(r.outputs, np.asarray(jax.grad(lse)(x)), rtol=1e-6)
+
+
+def test_removable_rays_with_different_limits_are_a_jump():
+    """softmax(z / T) as T -> 0 from either side: f(0) is NaN and the two one-sided limits are
+    0 and 1 (each ray alone looks removable, with gradient 0): no limit, no gradient."""
+    f = lambda x: jax.nn.softmax(jnp.array([1.0, 2.0]) / x)[0]  # noqa: E731
+    r = gsj.certify(f, directions=[1.0, -1.0])(0.0)
+    d = r.findings[0].detail
+    assert [v["verdict"] for v in d["verdicts"]] == ["REMOVABLE", "REMOVABLE"]
+    assert [v["limit"] for v in d["verdicts"]] == [0.0, 1.0]
+    assert d["label"] == "singular" and r.outputs is None
+    assert "DISCONTINUOUS" in d["certificate"] and "no limit at x0" in d["certificate"]

@@ -129,7 +129,8 @@ def programs(draw, depth: int):
 
 
 def ground_truth(mf, x0: float, v: float):
-    """('finite', (L, tol)) | ('diverges', None) | ('domain', None) | ('skip', None).
+    """('finite', (L, tol, lim)) | ('diverges', None) | ('domain', None) | ('skip', None), with
+    L the one-sided slope and lim the one-sided limit of the value.
 
     120 digits, not 60: at t = 1e-30, cos(t) = 1 - 5e-61 would round to 1 at 60 digits and
     log(cos(t)) to 0, a false domain error."""
@@ -155,8 +156,9 @@ def ground_truth(mf, x0: float, v: float):
         f0 = vals[3]  # removable: the limit
     qs = [(y - f0) / mpmath.mpf(t) for y, t in zip(vals[:3], ("1e-20", "1e-25", "1e-30"))]
     scale = 1 + abs(qs[2])
+    lim = float(vals[3])
     if abs(qs[2] - qs[1]) <= 1e-7 * scale and abs(qs[1] - qs[0]) <= 1e-6 * scale:
-        return "finite", (float(qs[2]), 1e-6 * scale)
+        return "finite", (float(qs[2]), 1e-6 * scale, lim)
     if abs(qs[2]) > 1e6:
         return "diverges", None
     d1, d2 = qs[1] - qs[0], qs[2] - qs[1]
@@ -165,7 +167,7 @@ def ground_truth(mf, x0: float, v: float):
         return "diverges", None  # growing like a negative power or like log t
     if 0 < r < 0.9:  # q = L + c t^a with a small a > 0: extrapolate the geometric tail
         L = qs[2] + d2 * r / (1 - r)
-        return "finite", (float(L), float(abs(d2)) + 1e-6 * (1 + abs(float(L))))
+        return "finite", (float(L), float(abs(d2)) + 1e-6 * (1 + abs(float(L))), lim)
     return "skip", None
 
 
@@ -177,8 +179,11 @@ def _check(prog, x0: float, stats: collections.Counter, failures: list):
     except OverflowError:
         stats["skip"] += 1
         return
+    lims = []
     for v, verdict in zip(dirs, r.findings[0].detail["verdicts"]):
         truth, L = ground_truth(mf, x0, v)
+        if truth == "finite":
+            lims.append(L[2])
         if truth == "skip":
             stats["skip"] += 1
             continue
@@ -196,6 +201,12 @@ def _check(prog, x0: float, stats: collections.Counter, failures: list):
         elif vd == "UNDECIDED":
             if any("all along the ray" in n for n in verdict["notes"]):
                 stats["undecided_degenerate"] += 1  # f is +-inf or NaN on the whole ray
+    # the combined answer: a number (gradient or Clarke subgradient) needs one limit of f
+    label = r.findings[0].detail["label"]
+    if label in ("gradient", "clarke-subgradient") and len(lims) == 2 and \
+            abs(lims[0] - lims[1]) > 1e-6 * (1 + abs(lims[0])):
+        failures.append(f"{text} at x0={x0}: certify {label} but the one-sided limits of f "
+                        f"differ: {lims}")
 
 
 def _run_fuzz(max_examples: int, depth: int):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import string
 from collections.abc import Callable, Sequence
 from fractions import Fraction
@@ -860,10 +861,12 @@ def _lin_rule(fwd_np: Callable, bwd_np: Callable, reduce: bool = False):
             return [IntVal(fwd_np(eqn, x.x), fwd_np(eqn, x.bad) if not reduce else
                            fwd_np(eqn, x.bad, np.max))], None
         if reduce:
-            return [S.apply_linear(x, lambda a: fwd_np(eqn, a),
-                                   lambda h: fwd_np(eqn, h, np.min),
-                                   lambda b: fwd_np(eqn, b, np.max))], None
-        return [S.apply_linear(x, lambda a: fwd_np(eqn, a))], None
+            out = S.apply_linear(x, lambda a: fwd_np(eqn, a), lambda h: fwd_np(eqn, h, np.min),
+                                 lambda b: fwd_np(eqn, b, np.max))
+            if x.inf is not None:
+                out = S.with_inf(out, S.sum_inf(x, lambda m, red: fwd_np(eqn, m, red)))
+            return [out], None
+        return [S.apply_linear(x, lambda a: fwd_np(eqn, a), finf=lambda c: fwd_np(eqn, c))], None
 
     def bwd(ctx, eqn, ins, outs, aux, cots, need):
         shape = ins[0].shape
@@ -882,12 +885,23 @@ def _lin_rule(fwd_np: Callable, bwd_np: Callable, reduce: bool = False):
     return fwd, bwd
 
 
+def _reshape_dims(eqn):
+    """reshape's ``dimensions``: a transpose of the operand before the reshape (vmap makes it)."""
+    return eqn.params.get("dimensions") if eqn.primitive.name == "reshape" else None
+
+
 def _reshape_f(eqn, a, *_):
+    dims = _reshape_dims(eqn)
+    if dims is not None:
+        a = np.transpose(a, dims)
     return np.reshape(a, eqn.params["new_sizes"]) if "new_sizes" in eqn.params else np.reshape(
         a, eqn.outvars[0].aval.shape)
 
 
 def _reshape_b(eqn, a, shape, fill=0.0):
+    dims = _reshape_dims(eqn)
+    if dims is not None:
+        return np.transpose(np.reshape(a, [shape[d] for d in dims]), np.argsort(dims))
     return np.reshape(a, shape)
 
 
@@ -1020,7 +1034,10 @@ def _concat_fwd(ctx, eqn, ins, act):
              for k in keys}
     H = np.concatenate([s.H for s in ss], d)
     bad = np.concatenate([s.bad for s in ss], d)
-    return [S.mk(terms, H, bad, H.shape)], None
+    out = S.mk(terms, H, bad, H.shape)
+    if any(s.inf is not None for s in ss):
+        out.inf = np.concatenate([S.inf_code(s) for s in ss], d)
+    return [out], None
 
 
 def _split_series(c: Series, sizes: list, axis: int) -> list:
@@ -1031,7 +1048,8 @@ def _split_series(c: Series, sizes: list, axis: int) -> list:
         hi = lo + sizes[k]
         sl = [slice(None)] * len(c.shape)
         sl[axis] = slice(lo, hi)
-        parts.append(S.apply_linear(c, lambda a, sl=tuple(sl): a[sl]))
+        parts.append(S.apply_linear(c, lambda a, sl=tuple(sl): a[sl],
+                                    finf=lambda a, sl=tuple(sl): a[sl]))
     return parts
 
 
@@ -1326,11 +1344,33 @@ def _signed_terms(x: Series):
 
 def _tournament(x: Series, axes: tuple, big: bool):
     """Candidates (bool, x's shape) for the max (big) or min over axes, undecided mask (reduced
-    shape, keepdims)."""
+    shape, keepdims), and the ``inf`` codes of the result (reduced shape, or None).
+
+    A signed infinity takes part as in :func:`_cmp_sign`: one of the winning sign (+inf for the
+    max) wins, whatever else is there but an undefined element; one of the losing sign drops
+    out when the group has an element finite for each t (for a hard infinity: ``-inf`` masks) or
+    a bounded one (for a soft one)."""
     shape = x.shape
+    red = functools.partial(np.any, axis=axes, keepdims=True)
     cand = np.ones(shape, bool)
-    undec = np.zeros(shape, bool)
-    undec = np.broadcast_to(np.any(x.bad != OK, axis=axes, keepdims=True), shape).copy()
+    inf_out = None
+    if x.inf is not None:
+        ia, sg, hard = S.inf_parts(x)
+        win = ia & (sg > 0 if big else sg < 0)
+        lose = ia & (sg < 0 if big else sg > 0)
+        fin, bnd = red(x.bad == OK), red(S.bounded(x))
+        lose &= np.where(hard, np.broadcast_to(fin, shape), np.broadcast_to(bnd, shape))
+        has_win = np.broadcast_to(red(win), shape)
+        cand = np.where(has_win, win, ~lose)
+        nan = S.nan_mask(x) | ((x.bad != OK) & (x.bad != POISON))
+        undec = np.broadcast_to(red(np.where(has_win, nan, cand & (x.bad != OK))), shape).copy()
+        wred = np.any(win, axis=axes)
+        if wred.any():
+            inf_out = S.inf_make(wred, 1 if big else -1, np.any(win & hard, axis=axes))
+        if has_win.all():
+            return cand, np.any(undec, axis=axes), inf_out
+    else:
+        undec = np.broadcast_to(red(x.bad != OK), shape).copy()
     keys = _signed_terms(x)
     exps = sorted({e for e, _ in keys} | {0.0})
     byexp: dict = {}
@@ -1348,7 +1388,7 @@ def _tournament(x: Series, axes: tuple, big: bool):
     count = np.sum(cand, axis=axes, keepdims=True)
     inexact = np.any(cand & np.isfinite(x.H), axis=axes, keepdims=True)
     undec |= np.broadcast_to(inexact & (count > 1), shape)
-    return cand, np.any(undec, axis=axes)
+    return cand, np.any(undec, axis=axes), inf_out
 
 
 def _reduce_max_fwd(ctx, eqn, ins, act):
@@ -1361,12 +1401,14 @@ def _reduce_max_fwd(ctx, eqn, ins, act):
         shape = tuple(n for i, n in enumerate(x.shape) if i not in axes)
         out = S.with_inf(Series.zeros(shape), np.full(shape, -S.HARD if big else S.HARD))
         return [out], (np.zeros(x.shape), np.zeros(shape, bool))
-    cand, und = _tournament(x, axes, big)
+    cand, und, inf = _tournament(x, axes, big)
     w = cand / np.sum(cand, axis=axes, keepdims=True)
-    out = S.apply_linear(S.scale(x, w),
+    out = S.apply_linear(S.scale(S.restrict(x, cand) if x.inf is not None else x, w),
                          lambda a: np.sum(a, axis=axes),
                          lambda h: np.min(np.where(cand, h, np.inf), axis=axes),
                          lambda b: np.max(b, axis=axes))
+    if inf is not None:
+        out = S.with_inf(out, inf)
     return [S.flag(out, und, UNDEC)], (w, und)
 
 
@@ -1390,7 +1432,7 @@ def _argmax_fwd(ctx, eqn, ins, act):
     if isinstance(x, IntVal):
         return _const_eval(eqn, ins), None
     axes = tuple(eqn.params["axes"])
-    cand, und = _tournament(x, axes, eqn.primitive.name == "argmax")
+    cand, und, _ = _tournament(x, axes, eqn.primitive.name == "argmax")
     idx = np.argmax(cand, axis=axes[0])
     return [IntVal(idx.astype(np.dtype(eqn.params["index_dtype"])), np.where(und, UNDEC, OK))], None
 
@@ -2157,8 +2199,11 @@ def _arg_name(fun) -> str:
     import inspect
 
     try:
-        ps = [p.name for p in inspect.signature(fun).parameters.values()]
-        return ps[0] if ps else "args[0]"
+        ps = [p.name for p in inspect.signature(fun).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        idx = getattr(fun, "__gradsan_argnums__", (0,))
+        names = [ps[i] if i < len(ps) else f"args[{i}]" for i in idx]
+        return names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
     except (TypeError, ValueError):
         return "args[0]"
 
@@ -2382,20 +2427,58 @@ def _same(g1: list, g2: list) -> bool:
     return bool(np.allclose(_flat(g1), _flat(g2), rtol=1e-7, atol=1e-9))
 
 
-def _resolve(fun: Callable) -> tuple[Callable, str]:
+_ARGNUMS = re.compile(r"with respect to positional argument\(s\) (-?\d+|\([-\d, ]*\))\.")
+
+
+def _resolve(fun: Callable) -> tuple[Callable, str, int | tuple[int, ...]]:
+    """(the loss, "grad" or "loss", argnums): ``jax.grad(loss, argnums=...)`` is recognised by
+    its docstring and unwrapped; any other function is the loss itself (argnums 0)."""
     doc = getattr(fun, "__doc__", None) or ""
     wrapped = getattr(fun, "__wrapped__", None)
     if wrapped is not None and (doc.startswith("Gradient of") or
                                 doc.startswith("Value and gradient of")):
-        if "positional argument(s) 0." not in doc and "positional argument(s) 0 " not in doc:
+        m = _ARGNUMS.search(doc)
+        if m is None:
             raise UsageError(
-                "gradsan.jax.certify: only gradients with respect to the first argument are "
-                "supported (jax.grad(loss, argnums=0)); pass the loss itself, with the "
-                "parameters first: gradsan.jax.certify(loss)(params, *data)")
-        if getattr(fun, "__gradsan_has_aux__", False):
-            raise UsageError("gradsan.jax.certify: has_aux is not supported; pass the loss")
-        return wrapped, "grad"
-    return fun, "loss"
+                "gradsan.jax.certify: could not read which arguments this gradient is taken "
+                "with respect to; pass the loss itself, with the parameters first: "
+                "gradsan.jax.certify(loss)(params, *data)")
+        argnums = eval(m.group(1), {"__builtins__": {}})  # an int or a tuple of ints
+        if isinstance(argnums, tuple) and not argnums:
+            raise UsageError("gradsan.jax.certify: jax.grad(..., argnums=()) has no argument "
+                             "to differentiate")
+        return wrapped, "grad", argnums
+    return fun, "loss", 0
+
+
+def _mover(loss: Callable, argnums, n: int) -> Callable:
+    """The loss as a function of its differentiated arguments first (one pytree: the argument,
+    or a tuple of them for a tuple ``argnums``), then the others in order, for ``n`` positional
+    arguments."""
+    idx = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    bad = [i for i in idx if not -n <= i < n]
+    if bad:
+        raise UsageError(f"gradsan.jax.certify: argnums {argnums} but the function was called "
+                         f"with {n} positional argument(s)")
+    idx = tuple(i % n for i in idx)
+    rest_pos = [i for i in range(n) if i not in idx]
+
+    @functools.wraps(loss)
+    def moved(p, *rest, **kwargs):
+        full: list = [None] * n
+        for i, r in zip(rest_pos, rest):
+            full[i] = r
+        for i, v in zip(idx, (p,) if isinstance(argnums, int) else p):
+            full[i] = v
+        return loss(*full, **kwargs)
+
+    def select(args: tuple) -> tuple:
+        p = args[idx[0]] if isinstance(argnums, int) else tuple(args[i] for i in idx)
+        return (p, *(args[i] for i in rest_pos))
+
+    moved.__gradsan_argnums__ = idx  # type: ignore[attr-defined]
+    moved.select = select  # type: ignore[attr-defined]
+    return moved
 
 
 def certify(fun: Callable, *, directions: Sequence | None = None, num_directions: int = 2,
@@ -2414,15 +2497,22 @@ def certify(fun: Callable, *, directions: Sequence | None = None, num_directions
     if not callable(fun):
         raise UsageError(f"gradsan.jax.certify takes a function, got {type(fun).__name__}. "
                          "Wrap the loss, then call it: gradsan.jax.certify(loss)(params)")
-    loss, how = _resolve(fun)
+    loss, how, argnums = _resolve(fun)
     name = getattr(loss, "__name__", "function")
     traced: dict = {}  # jitted flat losses by argument structure: jit caches their traces
+    moved_by_n: dict = {}  # the loss with its differentiated arguments moved first, per len(args)
 
     def run(*args, **kwargs) -> Report:
         if not args:
             raise UsageError("gradsan.jax.certify: call with the parameters as first argument")
+        f = loss
+        if argnums != 0:
+            f = moved_by_n.get(len(args))
+            if f is None:
+                f = moved_by_n[len(args)] = _mover(loss, argnums, len(args))
+            args = f.select(args)
         with jax.enable_x64(True):
-            return _run(loss, how, name, args, kwargs, directions, num_directions, terms, key,
+            return _run(f, how, name, args, kwargs, directions, num_directions, terms, key,
                         traced)
 
     return run
@@ -2500,6 +2590,14 @@ def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx,
     singular = [r for r in results if r.verdict in ("SINGULAR", "DISCONTINUOUS")]
     undecided = [r for r in results if r.verdict == "UNDECIDED"]
     domain = [r for r in results if r.verdict == "DOMAIN"]
+    lims = [r.limit for r in defined if r.verdict == "REMOVABLE" and r.limit is not None]
+    if not singular and lims and max(lims) - min(lims) > 1e-9 * (1 + max(map(abs, lims))):
+        # f(x0) is NaN and the rays tend to different values: a jump, not a removable point
+        i = next(i for i, r in enumerate(results) if r.limit == min(lims))
+        k = next(i for i, r in enumerate(results) if r.limit == max(lims))
+        singular = [RayResult("DISCONTINUOUS", certificate=(
+            f"f(x0) is NaN and f(x0 + t v) tends to {min(lims):.10g} along direction {i} but "
+            f"to {max(lims):.10g} along direction {k}: no limit at x0"))]
     if singular:
         label = "singular"
         r = singular[0]

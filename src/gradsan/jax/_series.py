@@ -176,6 +176,10 @@ class Series:
     @staticmethod
     def exact(x) -> Series:
         x = np.asarray(x, np.float64)
+        if not np.isfinite(x).all():  # a constant +-inf (a mask, a max's start) or NaN
+            fin = np.isfinite(x)
+            code = np.where(fin, 0, np.where(np.isnan(x), NAN, np.sign(np.nan_to_num(x)) * HARD))
+            return with_inf(Series.exact(np.where(fin, x, 0.0)), code)
         terms = {(ZERO, 0): x} if np.count_nonzero(x) else {}
         s = Series(terms, np.full(x.shape, np.inf), np.zeros(x.shape, np.int8))
         s._c = True
@@ -551,6 +555,19 @@ def add(a: Series, b: Series, sb: float = 1.0) -> Series:
     if a.inf is not None or b.inf is not None:
         out = with_inf(out, _add_inf(a, b, sb < 0, shape))
     return out
+
+
+def sum_inf(x: Series, reduce: Callable) -> np.ndarray:
+    """The ``inf`` codes of a sum of x's elements (``reduce(mask, np.any / np.all)`` reduces a
+    boolean mask over the summed axes), by the rule of :func:`_add_inf`: infinities of one known
+    sign, with every other term finite for each t (a hard one) or bounded (only soft ones)."""
+    ia, sa, ha = inf_parts(x)
+    pos, neg = reduce(ia & (sa > 0), np.any), reduce(ia & (sa < 0), np.any)
+    unknown = reduce(ia & (sa == 0), np.any)
+    hard = reduce(ia & ha, np.any)
+    fin, bnd = reduce(ia | (x.bad == OK), np.all), reduce(ia | bounded(x), np.all)
+    isinf = (pos ^ neg) & ~unknown & np.where(hard, fin, bnd)
+    return inf_make(isinf, np.where(pos, 1, -1), hard)
 
 
 def _add_inf(a: Series, b: Series, minus: bool, shape) -> np.ndarray:
@@ -1338,4 +1355,7 @@ def stack(ss: list, axis: int = 0) -> Series:
              for k in keys}
     H = np.stack([s.H for s in ss], axis)
     bad = np.stack([s.bad for s in ss], axis)
-    return mk(terms, H, bad, H.shape)
+    out = mk(terms, H, bad, H.shape)
+    if any(s.inf is not None for s in ss):
+        out.inf = np.stack([inf_code(s) for s in ss], axis)
+    return out
