@@ -306,3 +306,72 @@ def test_removable_rays_with_different_limits_are_a_jump():
     assert [v["limit"] for v in d["verdicts"]] == [0.0, 1.0]
     assert d["label"] == "singular" and r.outputs is None
     assert "DISCONTINUOUS" in d["certificate"] and "no limit at x0" in d["certificate"]
+
+
+def _label(r):
+    return r.findings[0].detail["label"]
+
+
+def test_a_over_a_and_a_minus_a_are_constant_functions():
+    """arccos(x / x) and arccos(x - x + 1) are constant: gradient 0, although the reverse sweep
+    multiplies arccos'(1) = inf by the cancelling halves of the quotient's derivative (jax.grad:
+    NaN)."""
+    for f in (lambda x: jnp.arccos(x / x), lambda x: jnp.arccos(x - x + 1.0)):
+        assert np.isnan(float(jax.grad(f)(0.5)))
+        r = gsj.certify(f, directions=[1.0, -1.0])(0.5)
+        assert _label(r) == "gradient" and float(r.outputs) == 0.0
+
+
+def test_pow_of_a_negative_base_is_nan_like_ieee():
+    """jnp.power(x, 1/3) is NaN for x < 0 (IEEE pow), unlike jnp.cbrt: never a finite limit
+    there (this used to return cbrt's derivative, a silent wrong number)."""
+    f = lambda x: jnp.power(x, 1.0 / 3.0)  # noqa: E731
+    assert np.isnan(float(f(-8.0)))
+    r = gsj.certify(f, directions=[1.0, -1.0])(-8.0)
+    assert r.outputs is None and [v["verdict"] for v in r.findings[0].detail["verdicts"]] == [
+        "DOMAIN", "DOMAIN"]
+    r = gsj.certify(jnp.cbrt, directions=[1.0, -1.0])(-8.0)
+    assert float(r.outputs) == pytest.approx(1.0 / 12.0, rel=1e-12)
+    r = gsj.certify(lambda x: jnp.power(x, 3.0), directions=[1.0, -1.0])(-2.0)  # integer: fine
+    assert float(r.outputs) == pytest.approx(12.0, rel=1e-12)
+
+
+def test_float_exponents_and_zero_bases():
+    """x ** p for any float p (a learned exponent) is a power series in t^p; 0 ** y(t) is 0, 1 or
+    +inf for each t by the sign of y."""
+    p = float(np.arctan(0.5))  # 0.4636..., no small denominator
+    r = gsj.certify(lambda x: jnp.power(x, p), directions=[1.0])(0.0)
+    assert _label(r) == "singular"
+    assert f"t^{p:.10g}" in r.findings[0].detail["certificate"]
+    r = gsj.certify(lambda x: x * jnp.power(x, p), directions=[1.0, -1.0])(0.0)
+    assert _label(r) == "gradient" and float(r.outputs) == 0.0  # x^1.46 from the right, NaN left
+    r = gsj.certify(lambda x: jnp.power(0.0, x), directions=[1.0, -1.0])(-1.0)
+    assert _label(r) == "singular" and "diverges" in r.findings[0].detail["certificate"]
+    r = gsj.certify(lambda x: jnp.power(0.0, x) + x, directions=[1.0, -1.0])(1.0)
+    assert _label(r) == "gradient" and float(r.outputs) == 1.0
+
+
+def test_atan2_of_an_infinite_argument_is_constant():
+    """atan2(y, log(0)) = atan2(y, -inf) = sign(y) pi for each t; atan2(y, +inf) = 0."""
+    r = gsj.certify(lambda x: jnp.arctan2(x + 1.0, jnp.log(x - x)) + x,
+                    directions=[1.0, -1.0])(0.0)
+    assert _label(r) == "gradient" and float(r.outputs) == 1.0
+    assert [v["limit"] for v in r.findings[0].detail["verdicts"]] == [np.pi, np.pi]
+    r = gsj.certify(lambda x: jnp.arctan2(x, -jnp.log(x - x)) + x ** 2,
+                    directions=[1.0, -1.0])(0.0)
+    assert _label(r) == "gradient" and float(r.outputs) == 0.0
+
+
+def test_angle_between_equal_vectors_is_a_kink_not_a_jump():
+    """arccos(u.v / (|u| |v|)) at u = v: the argument is 1 up to rounding (0.9999999999999998),
+    and f(x0) in floating point is 2e-8 (float32 data: 1.7e-4). The angle is |u - v|-like: a
+    Clarke subgradient, not the discontinuity that rounding would suggest."""
+    def angle(u, v):
+        return jnp.arccos(jnp.dot(u, v) / (jnp.linalg.norm(u) * jnp.linalg.norm(v)))
+
+    v = jnp.array([1.0, 2.0], dtype=jnp.float32)
+    r = gsj.certify(angle)(v, v)
+    d = r.findings[0].detail
+    assert d["label"] == "clarke-subgradient", d["certificate"]
+    assert [x["limit"] for x in d["verdicts"]] == [0.0, 0.0]
+    np.testing.assert_allclose(r.outputs, [0.0, 0.0], atol=1e-12)

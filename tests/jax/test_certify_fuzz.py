@@ -14,6 +14,7 @@ then oscillations with no limit (sin of a pole, cos(log t)), overflow (exp of ex
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -70,6 +71,36 @@ def _m_div(a, b):
     return a / b
 
 
+def _m_unit(f):
+    def g(a):
+        if abs(a) > 1:
+            raise Domain
+        return f(a)
+    return g
+
+
+def _m_atanh(a):
+    if abs(a) > 1:
+        raise Domain
+    if abs(a) == 1:
+        return mpmath.sign(a) * mpmath.mpf("inf")
+    return mpmath.atanh(a)
+
+
+def _m_rsqrt(a):
+    if a < 0:
+        raise Domain
+    return mpmath.mpf("inf") if a == 0 else 1 / mpmath.sqrt(a)
+
+
+def _m_pow(a, b):  # IEEE pow: a negative base needs an integer exponent
+    if a == 0:
+        return mpmath.mpf(0) if b > 0 else mpmath.mpf(1) if b == 0 else mpmath.mpf("inf")
+    if a < 0 and b != mpmath.floor(b):
+        raise Domain
+    return mpmath.power(a, b)
+
+
 UNARY = {
     "sqrt": (jnp.sqrt, _m_sqrt),
     "cbrt": (jnp.cbrt, lambda a: mpmath.sign(a) * mpmath.cbrt(abs(a))),
@@ -87,6 +118,12 @@ UNARY = {
     "cube": (lambda a: a ** 3, lambda a: a ** 3),
     "neg": (jnp.negative, lambda a: -a),
     "relu": (jax.nn.relu, lambda a: max(a, 0)),
+    "acos": (jnp.arccos, _m_unit(mpmath.acos)),
+    "asin": (jnp.arcsin, _m_unit(mpmath.asin)),
+    "atanh": (jnp.arctanh, _m_atanh),
+    "rsqrt": (jax.lax.rsqrt, _m_rsqrt),
+    "erf": (jax.scipy.special.erf, mpmath.erf),
+    "ipow_m2": (lambda a: jax.lax.integer_pow(a, -2), lambda a: _m_div(mpmath.mpf(1), a * a)),
 }
 BINARY = {
     "add": (jnp.add, lambda a, b: a + b),
@@ -95,6 +132,8 @@ BINARY = {
     "div": (jnp.divide, _m_div),
     "max": (jnp.maximum, lambda a, b: max(a, b)),
     "min": (jnp.minimum, lambda a, b: min(a, b)),
+    "pow": (jnp.power, _m_pow),
+    "atan2": (jnp.arctan2, mpmath.atan2),
 }
 
 
@@ -201,6 +240,8 @@ def _check(prog, x0: float, stats: collections.Counter, failures: list):
         elif vd == "UNDECIDED":
             if any("all along the ray" in n for n in verdict["notes"]):
                 stats["undecided_degenerate"] += 1  # f is +-inf or NaN on the whole ray
+            if os.environ.get("GRADSAN_FUZZ_VERBOSE"):  # pytest -s: what is left undecided
+                print(f"UNDECIDED {text} at x0={x0}, v={v} (truth {truth}): {verdict['notes']}")
     # the combined answer: a number (gradient or Clarke subgradient) needs one limit of f
     label = r.findings[0].detail["label"]
     if label in ("gradient", "clarke-subgradient") and len(lims) == 2 and \

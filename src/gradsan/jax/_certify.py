@@ -316,7 +316,8 @@ def _atanh(u):
 
 def _acos(u):
     a0 = _a0(u)
-    if np.all(np.abs(a0) < 1) and not S._pole_mask(u).any():
+    # within rounding of +-1 (cos of an angle computed as a / (|a| |b|)), 1 -+ u cancels to 0
+    if np.all(np.abs(a0) < 1 - _NEAR) and not S._pole_mask(u).any():
         return S.analytic(u, S.taylor_acos)
     one = Series.exact(np.ones(u.shape))
     return S.scale(S.atan2(S.power(S.sub(one, u), R(1, 2)), S.power(S.add(one, u), R(1, 2))), 2.0)
@@ -324,7 +325,7 @@ def _acos(u):
 
 def _asin(u):
     a0 = _a0(u)
-    if np.all(np.abs(a0) < 1) and not S._pole_mask(u).any():
+    if np.all(np.abs(a0) < 1 - _NEAR) and not S._pole_mask(u).any():
         return S.analytic(u, S.taylor_asin)
     return S.sub(Series.exact(np.full(u.shape, np.pi / 2)), _acos(u))
 
@@ -544,7 +545,18 @@ def _add_fwd(ctx, eqn, ins, act):
 
 def _add_bwd(ctx, eqn, ins, outs, aux, cots, need):
     c = cots[0]
-    return [c, S.neg(c) if eqn.primitive.name == "sub" else c]
+    if eqn.primitive.name != "sub":
+        return [c, c]
+    res = [c, S.neg(c)]
+    return _constant_of_itself(res, ins[0].bad == OK) if ins[0] is ins[1] else res
+
+
+def _constant_of_itself(cots: list, where) -> list:
+    """The cotangents of ``a - a`` or ``a / a``: a constant function of x (0, 1) wherever
+    ``where`` holds, so exact zeros there whatever the cotangent (even an infinite one, as
+    arccos'(1) in arccos(x / x)); the two usual halves, which cancel, elsewhere."""
+    return [None if c is None else S.restrict(c, ~np.broadcast_to(where, c.shape))
+            for c in cots]
 
 
 for _n in ("add", "sub", "add_any"):
@@ -584,10 +596,14 @@ def _div_fwd(ctx, eqn, ins, act):
 def _div_bwd(ctx, eqn, ins, outs, aux, cots, need):
     a, b = ins
     c = cots[0]
+    if a is b:  # a / a = 1 where a is known to be nonzero for small t (see _div_fwd)
+        nz = S.lead_exact(a)[3] & (a.bad == OK)
+        if nz.all():
+            return [Series.zeros(a.shape), Series.zeros(a.shape)]
     ib = S.inv(b)
     ca = S.rmul(c, ib) if need[0] else None
     cb = S.neg(S.rmul(c, S.mul(outs[0], ib))) if need[1] else None
-    return [ca, cb]
+    return _constant_of_itself([ca, cb], nz) if a is b else [ca, cb]
 
 
 FWD["div"] = _div_fwd
@@ -602,7 +618,7 @@ def _pow_exponents(y: Series) -> np.ndarray | None:
     cv = np.asarray(cv)
     out = np.empty(cv.shape, dtype=object)
     for idx in np.ndindex(cv.shape):
-        q = S.rational(float(cv[idx]))
+        q = S.rational(float(cv[idx]), exact=True)  # x ** 0.4636...: its exact dyadic value
         if q is None:
             return None
         out[idx] = q
@@ -616,7 +632,7 @@ def _pow_const(x: Series, P: np.ndarray, shift: int = 0) -> Series:
     out = None
     for p in sorted(set(P.ravel())):
         m = P == p
-        r = S.power(x, p + shift)
+        r = S.power(x, p + shift, odd_roots=False)  # IEEE pow: (-8) ** (1/3) is NaN
         if shift:
             r = S.scale(r, float(p))
         out = r if out is None else S.select(m, r, out)
@@ -635,12 +651,16 @@ def _pow_fwd(ctx, eqn, ins, act):
         return [_pow_const(x, P)], None
     shape = np.broadcast_shapes(x.shape, y.shape)
     x, y = S.bcast(x, shape), S.bcast(y, shape)
-    zx = S.exact_zero(x)
+    zx = S.exact_zero(x) & (x.bad == OK)
     gen = S.exp(S.mul(y, S.log(x)))
-    if zx.any():
-        y0 = _a0(y)
-        zero = Series.zeros(shape)
-        gen = S.select(zx & (y0 > 0), zero, S.flag(gen, zx & ~(y0 > 0), UNDEC))
+    if zx.any():  # 0 ** y(t) for each small t: 0 where y > 0, 1 where y = 0, inf where y < 0
+        sg, und = S.sign_of(y)
+        ok = zx & ~und & (y.bad == OK)
+        ez = S.exact_zero(y)
+        gen = S.select(ok & (sg > 0), Series.zeros(shape), S.flag(gen, zx & ~ok, UNDEC))
+        gen = S.set_exact(gen, ok & ez, 1.0)
+        pinf = S.HARD if x._pz else S.ANYHARD  # (-0.0) ** -1 is -inf, (+0.0) ** y is +inf
+        gen = S.with_inf(gen, np.where(ok & (sg < 0) & ~ez, pinf, 0))
     return [gen], None
 
 
@@ -673,6 +693,8 @@ def _atan2_bwd(ctx, eqn, ins, outs, aux, cots, need):
     y, x = ins
     r = S.inv(S.add(_sq(x), _sq(y)))
     c = cots[0]
+    if y.inf is not None or x.inf is not None:  # constant where an argument is infinite
+        c = S.restrict(c, ~S.atan2_at_inf(y, x)[0])
     return [S.rmul(c, S.mul(x, r)) if need[0] else None,
             S.neg(S.rmul(c, S.mul(y, r))) if need[1] else None]
 
@@ -1893,6 +1915,9 @@ _PLAIN = set(_NP_UNARY) | set(_NP_BINARY) | set(_NP_STRUCT) | {
     "integer_pow", "dot_general", "concatenate", "select_n", "iota", "broadcast_in_dim"} | _CALLS
 
 
+_NEAR = 4 * S.TOL  # relative distance within which two values may be equal up to rounding
+
+
 def _is_event(eqn, ins: list, outs: list) -> bool:
     """Whether the equation is at a singular point at x0 (its inputs were checked as outputs)."""
     name = eqn.primitive.name
@@ -1906,14 +1931,14 @@ def _is_event(eqn, ins: list, outs: list) -> bool:
         return not fl[0].all()
     if name == "div":
         return len(ins) == 2 and not ins[1].all()
-    if name in _AT_ONE:
-        return bool(np.any(np.abs(fl[0]) == 1))
+    if name in _AT_ONE:  # within rounding of +-1 counts (the series rules snap it to +-1)
+        return bool(np.any(np.abs(np.abs(fl[0]) - 1) <= _NEAR))
     if name == "log1p":
         return bool(np.any(fl[0] == -1))
     if name in _TIES and len(fl) >= 2:
         if name == "clamp":
             return bool(np.any(fl[1] == fl[0]) or np.any(fl[1] == fl[2]))
-        return bool(np.any(fl[0] == fl[1]))
+        return bool(np.any(np.abs(fl[0] - fl[1]) <= _NEAR * (np.abs(fl[0]) + np.abs(fl[1]))))
     if name in _KINKY:
         return True  # ties or integer points: not worth a check here
     return name not in _PLAIN
@@ -2328,7 +2353,8 @@ def _certify_rays(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, traced: d
     bclosed = _batched(closed, n, R, traced) if R > 1 else None
     if bclosed is None:
         fx0, events = _at_point(closed, x0s + data)
-        return fx0, [_certify_ray(ctx, closed, x0s, v, fx0, terms, events) for v in dirs]
+        return _confirm_jumps(ctx, closed, x0s, dirs, terms, data, fx0, [
+            _certify_ray(ctx, closed, x0s, v, fx0, terms, events) for v in dirs])
     fx0, bevents = _at_point(bclosed, [np.broadcast_to(x, (R,) + np.shape(x)) for x in x0s] +
                              data)
     c, caps, bc = _caps(terms, bevents)[0]
@@ -2352,7 +2378,39 @@ def _certify_rays(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, traced: d
             events = _at_point(closed, x0s + data)[1]
         results[r] = _certify_ray(ctx, closed, x0s, dirs[r], fx0, terms, events,
                                   start=1 if res is not None else 0)
-    return fx0, results
+    return _confirm_jumps(ctx, closed, x0s, dirs, terms, data, fx0, results)
+
+
+def _confirm_jumps(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, fx0: float,
+                   results: list):
+    """A DISCONTINUOUS ray compared its limit with f(x0) evaluated in floating point, where
+    rounding at a singular point can be magnified (arccos(a.b / (|a| |b|)) at a = b is 2e-8,
+    not 0). Evaluated by the series rules on the zero ray instead (exact where they snap a
+    rounded tie or a rounded 1), f(x0) may agree with the limits: then the rays run again
+    against that value. Costs a forward sweep, only where a jump was found."""
+    if not any(r.verdict == "DISCONTINUOUS" for r in results):
+        return fx0, results
+    jaxpr, consts = closed.jaxpr, list(closed.consts)
+    args = [Series.ray(x, np.zeros(np.shape(x))) for x in x0s]
+    lifted = [_lift(a, v.aval) for a, v in zip(data, jaxpr.invars[len(args):])]
+    ctx.memo = {}
+    try:
+        with np.errstate(all="ignore"):
+            y = fwd_jaxpr(ctx, jaxpr, consts, args + lifted,
+                          [True] * len(args) + [False] * len(lifted))[0][0]
+    except Undecided:
+        return fx0, results
+    finally:
+        ctx.memo = {}
+    if not isinstance(y, Series) or not y.is_const():
+        return fx0, results
+    f_series = float(np.reshape(y.coef(), ()))
+    if not (math.isfinite(fx0) and abs(f_series - fx0) <= 1e-6 * (1 + abs(fx0))):
+        return fx0, results  # not a rounding difference: keep the floating-point value
+    events = _at_point(closed, x0s + data)[1]
+    return f_series, [r if r.verdict != "DISCONTINUOUS" else
+                      _certify_ray(ctx, closed, x0s, v, f_series, terms, events)
+                      for r, v in zip(results, dirs)]
 
 
 # -- Tier C: combining directions -----------------------------------------------------------
@@ -2525,6 +2583,11 @@ def _trace(loss, traced: dict, treedef, x0s: list, rest: tuple, kwargs: dict):
     jit's trace. Where an argument is not an array (a Python flag, a key), the other arguments
     are closed over instead (``data`` empty), as constants of a fresh trace."""
     rl, rtree = jax.tree_util.tree_flatten((rest, kwargs))
+    # float data in float64, like the parameters: f(x0) must not carry float32 rounding (which
+    # an arccos near 1 magnifies 10^4 times) into the comparison with the limits
+    rl = [np.asarray(a, np.float64) if isinstance(a, (np.ndarray, np.generic, jax.Array)) and
+          np.issubdtype(a.dtype, np.floating) else a for a in rl]
+    rest, kwargs = jax.tree_util.tree_unflatten(rtree, rl)
     arrays = all(isinstance(a, (np.ndarray, np.generic, jax.Array)) and (
         np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) for a in rl)
     if arrays:

@@ -235,7 +235,8 @@ def _fmt_c(c) -> str:
 def _mono(e: Fraction, j: int) -> str:
     s = ""
     if e != 0:
-        s = " t" if e == 1 else f" t^({e})" if e.denominator != 1 else f" t^{e}"
+        s = " t" if e == 1 else f" t^{e}" if e.denominator == 1 else f" t^({e})" \
+            if e.denominator <= 1000 else f" t^{float(e):.10g}"
     if j:
         s += " log t" if j == 1 else f" (log t)^{j}"
     return s
@@ -1032,11 +1033,15 @@ def taylor_log1_plus(a0, n):
 # -- singular elementwise rules ---------------------------------------------------------------
 
 
-def rational(x: float, maxden: int = 1000) -> Fraction | None:
+def rational(x: float, maxden: int = 1000, exact: bool = False) -> Fraction | None:
+    """The rational of denominator at most ``maxden`` within rounding of x; failing that, with
+    ``exact``, x itself as a (dyadic) fraction, else None."""
     if not np.isfinite(x):
         return None
     f = q(Fraction(float(x)).limit_denominator(maxden))
-    return f if abs(float(f) - x) <= 1e-12 * max(1.0, abs(x)) else None
+    if abs(float(f) - x) <= 1e-12 * max(1.0, abs(x)):
+        return f
+    return q(Fraction(float(x))) if exact else None
 
 
 def _binomial(p: Fraction, n: int) -> list:
@@ -1057,20 +1062,23 @@ def _normalize(b: Series, m: np.ndarray, e: Fraction, C: np.ndarray) -> Series:
     return sub(r, Series.exact(m.astype(np.float64)))
 
 
-def power(b: Series, p: Fraction) -> Series:
-    """b**p for a rational p (sqrt, rsqrt, cbrt, 1/b, x**0.3)."""
+def power(b: Series, p: Fraction, odd_roots: bool = True) -> Series:
+    """b**p for a rational p (sqrt, rsqrt, cbrt, 1/b, x**0.3). With ``odd_roots`` an odd
+    denominator is a real root of a negative base (cbrt); without it (IEEE ``pow``, and so
+    ``x ** (1/3)``) a negative base with a non-integer exponent is outside the domain."""
     p = q(Fraction(p))
     if p == 0:
         return _keep_bad(Series.exact(np.ones(b.shape)), b)
     if p.denominator == 1 and p > 0:
         return ipow(b, int(p))
+    even = p.denominator % 2 == 0 or (not odd_roots and p.denominator != 1)
     Ef, J, C, found = lead_exact(b)
     ez = exact_zero(b)
     ok = found & (b.bad == OK)
     out = Series.zeros(b.shape)
     undec = (~found) & (~ez) & (b.bad == OK)
     Hout = np.full(b.shape, np.inf)
-    if np.count_nonzero(undec) and p > 0 and p.denominator % 2 == 1:
+    if np.count_nonzero(undec) and p > 0 and not even:
         # zero up to the horizon H (sign unknown, but an odd root is defined either way): the
         # power is zero up to H * p. An even root of an unknown sign stays undecided (domain).
         Hout = np.where(undec, b.H * float(p), Hout)
@@ -1082,7 +1090,7 @@ def power(b: Series, p: Fraction) -> Series:
         m = ok & ~logs & (Ef == e)
         Cm = np.where(m, C, 1.0)
         neg_c = m & (Cm < 0)
-        if p.denominator % 2 == 0:
+        if even:
             domain |= neg_c
         r = _normalize(b, m, e, C)
         shift_e = e * p
@@ -1100,7 +1108,7 @@ def power(b: Series, p: Fraction) -> Series:
     # A leading log factor, c t^e (log t)^j: its sign decides the domain, and where |b|**p
     # grows without bound (|b| -> inf with p > 0, or |b| -> 0 with p < 0) the power is a signed
     # infinity (cbrt(log t) -> -inf). Otherwise ((log t)^(j p) -> 0) it stays undecided.
-    even, odd_num = p.denominator % 2 == 0, p.numerator % 2 == 1
+    odd_num = p.numerator % 2 == 1
     grow = np.zeros(b.shape, np.int8)
     if np.count_nonzero(logs):
         E = lead(b)[0]
@@ -1321,7 +1329,30 @@ def atan2(y: Series, x: Series) -> Series:
         g = select(caseA, a_div, select(caseB, resB, restrict(resC, caseC)))
         out = add(out, restrict(g, m))
     out = mk(out.terms, out.H, np.maximum(out.bad, np.maximum(y.bad, x.bad)), shape)
-    return flag(out, undec, UNDEC)
+    out = flag(out, undec, UNDEC)
+    if y.inf is not None or x.inf is not None:
+        m, vals = atan2_at_inf(y, x)
+        out = set_exact(out, m, vals)
+    return out
+
+
+def atan2_at_inf(y: Series, x: Series):
+    """(mask, values) where y or x is +-inf for every small t (a hard infinity of known sign)
+    and atan2 is constant there as IEEE arithmetic gives it: atan2(y, +inf) = 0 for a finite y,
+    atan2(y, -inf) = sign(y) pi (y known nonzero), atan2(+-inf, x) = +-pi/2 for a finite x,
+    and +-pi/4 or +-3pi/4 for two infinities."""
+    shape = _bshape(y, x)
+    iy, sy, hy = inf_parts(y, shape)
+    ix, sx, hx = inf_parts(x, shape)
+    hy, hx = iy & hy & (sy != 0), ix & hx & (sx != 0)
+    fy, fx = np.broadcast_to(y.bad == OK, shape), np.broadcast_to(x.bad == OK, shape)
+    sg, und = sign_of(bcast(y, shape))
+    m_x = hx & fy & ((sx > 0) | (~und & (sg != 0)))
+    m_y = hy & fx
+    m_xy = hx & hy
+    vals = np.where(m_xy, sy * np.where(sx > 0, np.pi / 4, 3 * np.pi / 4),
+                    np.where(m_y, sy * np.pi / 2, np.where(sx > 0, 0.0, sg * np.pi)))
+    return m_x | m_y | m_xy, vals
 
 
 def bcast(s: Series, shape) -> Series:
