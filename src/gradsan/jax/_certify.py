@@ -2738,3 +2738,6 @@ def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx,
                       outputs=[OutputHit(path=_arg_name(loss), count=sum(x.size for x in x0s),
                                          size=sum(x.size for x in x0s), kind="grad")])
     return Report(findings=[finding], outputs=outputs, function=name, backend="jax", notes=notes)
+
+
+from . import _certify_ops  # noqa: E402,F401
