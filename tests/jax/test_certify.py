@@ -375,3 +375,24 @@ def test_angle_between_equal_vectors_is_a_kink_not_a_jump():
     assert d["label"] == "clarke-subgradient", d["certificate"]
     assert [x["limit"] for x in d["verdicts"]] == [0.0, 0.0]
     np.testing.assert_allclose(r.outputs, [0.0, 0.0], atol=1e-12)
+
+
+def test_sort_order_known_only_below_a_horizon_is_undecided():
+    """Rule level: sorting [1 + O(t), 1 + t] (the first known only below t) cannot decide the
+    order; the values must be flagged, never placed by the unknown coefficient read as 0."""
+    from fractions import Fraction
+
+    from gradsan.jax import _certify as C
+    from gradsan.jax import _series as S
+
+    x = jnp.zeros(2)
+    eqn = jax.make_jaxpr(jax.lax.sort)(x).eqns[0]
+    a = S.mk({(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0):
+              np.array([0.0, 1.0])}, np.array([1.0, np.inf]), np.zeros(2, np.int8), (2,))
+    outs, _ = C.FWD["sort"](C.Ctx(), eqn, [a], [True])
+    assert (outs[0].bad != 0).all()
+    b = S.mk({(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0):
+              np.array([2.0, 1.0])}, np.array([np.inf, np.inf]), np.zeros(2, np.int8), (2,))
+    outs, _ = C.FWD["sort"](C.Ctx(), eqn, [b], [True])  # exact: decided
+    assert (outs[0].bad == 0).all()
+    np.testing.assert_array_equal(outs[0].terms[(S.q(Fraction(1)), 0)], [1.0, 2.0])

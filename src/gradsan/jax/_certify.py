@@ -1502,6 +1502,15 @@ def _sort_fwd(ctx, eqn, ins, act):
         und = und.copy()
         und[lo] |= tie
         und[hi] |= tie
+        # and any two that agree below the smaller horizon (1 + O(t) against 1 + t): the
+        # whole block of elements sharing that prefix has an undecided order
+        from ._certify_ops import _tied_to_horizon
+
+        for kx in keys:
+            if isinstance(kx, Series) and np.isfinite(kx.H).any():
+                xl = S.apply_linear(S.bcast(kx, kx.shape), lambda a: np.moveaxis(take(a), dim, -1))
+                t = _tied_to_horizon(xl, _signed_terms(xl))
+                und |= np.moveaxis(t, -1, dim)
     outs = []
     for x in ins:
         if isinstance(x, IntVal):
