@@ -122,8 +122,12 @@ TRUE = {sqrt_sqrt: 1.0, exp_log: 1.0, cbrt_cubed: 1.0, pow_pow: 1.0, x_sqrt_x: 0
 @pytest.mark.parametrize("fun", NUMERICAL, ids=[f.__name__ for f in NUMERICAL])
 def test_numerical_zero_is_never_a_silent_wrong_number(fun, maybe_jit):
     x = jnp.asarray(0.0)
-    if maybe_jit is jax.jit:  # under jit the limit engine cannot run: the value stays non-finite
-        assert not np.isfinite(np.asarray(jax.jit(gsj.nansafe(jax.grad(fun)))(x)))
+    if maybe_jit is jax.jit:  # the limit engine runs on the host, through a callback
+        out = np.asarray(jax.jit(gsj.nansafe(jax.grad(fun)))(x))
+        if TRUE[fun] is None:
+            assert not np.isfinite(out)
+        else:
+            np.testing.assert_allclose(out, TRUE[fun], atol=1e-6)
         return
     out, rep = gsj.nansafe(jax.grad(fun), report=True)(x)
     if TRUE[fun] is None:
