@@ -94,6 +94,7 @@ def _m_rsqrt(a):
 
 
 def _m_pow(a, b):  # IEEE pow: a negative base needs an integer exponent
+    a, b = _real(a), _real(b)
     if a == 0:
         return mpmath.mpf(0) if b > 0 else mpmath.mpf(1) if b == 0 else mpmath.mpf("inf")
     if a < 0 and b != mpmath.floor(b):
@@ -153,13 +154,14 @@ def programs(draw, depth: int):
         name = draw(st.sampled_from(sorted(UNARY)))
         jf, mf = UNARY[name]
         a, am, at = draw(programs(depth - 1))
-        return (lambda x: jf(a(x))), (lambda x: mf(am(x))), f"{name}({at})"
+        return (lambda x: jf(a(x))), (lambda x: mf(_real(am(x)))), f"{name}({at})"
     if r < 9:
         name = draw(st.sampled_from(sorted(BINARY)))
         jf, mf = BINARY[name]
         a, am, at = draw(programs(depth - 1))
         b, bm, bt = draw(programs(depth - 1))
-        return (lambda x: jf(a(x), b(x))), (lambda x: mf(am(x), bm(x))), f"{name}({at}, {bt})"
+        return ((lambda x: jf(a(x), b(x))), (lambda x: mf(_real(am(x)), _real(bm(x)))),
+                f"{name}({at}, {bt})")
     p, pm, pt = draw(programs(depth - 1))
     a, am, at = draw(programs(depth - 1))
     b, bm, bt = draw(programs(depth - 1))

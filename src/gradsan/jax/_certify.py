@@ -1208,7 +1208,9 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
     """The truncated product of two series contracted by einsum ``spec``: the terms below the
     cap, with cancellation judged against the operands' magnitudes (not the result's), and the
     horizon lowered wherever a dropped term is non-zero. Per term of y, one matmul with the
-    terms of x (stacked on a leading axis) and one for their magnitudes sum |x| |y|."""
+    terms of x (stacked on a leading axis). The magnitudes sum |x| |y| (a second matmul) are
+    computed only where they can matter: where some result could have cancelled, i.e. is not
+    above TOL times a bound of the magnitudes (contraction size times the largest operands)."""
     c_ = S.cap() - S.EPS
     acc: dict = {}
     H = np.full(out_shape, np.inf)
@@ -1231,15 +1233,24 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
     if ux:
         ix = sorted(ux)
         X = np.array([kx[i][1] for i in ix]) if len(ix) > 1 else kx[ix[0]][1][None]
-        AX = np.abs(X)
         px = {i: n for n, i in enumerate(ix)}
+        # the number of products in each contracted sum
+        K = math.prod(d for ch, d in zip(sx, np.shape(kx[0][1])) if ch not in so) or 1
+        maxx = float(np.max(np.abs(X))) if X.size else 0.0
         for j in sorted(uy):
             P[j] = _einsum2(specA, X, ky[j][1])
-            M[j] = _einsum2(specA, AX, np.abs(ky[j][1]))  # nonzero where a product can be
-    mag: dict = {}
+
+    def mags(j):  # sum |x| |y| for y's term j, x's terms stacked (nonzero where a product is)
+        if j not in M:
+            M[j] = _einsum2(specA, np.abs(X), np.abs(ky[j][1]))
+        return M[j]
+
+    bound: dict = {}  # per kept key: an upper bound of its magnitudes
+    by: dict = {}  # per term of y: the bound of one product
+    parts: dict = {}
     for i, j, e, jj, drop in pairs:
         if drop:
-            if j in P and i in px:
+            if j in M and i in px:
                 nz = M[j][px[i]] != 0
             else:
                 nz = _contract_nonzero(spec, sx, sy, so, kx[i][1], ky[j][1])
@@ -1247,14 +1258,25 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
                 np.minimum(H, float(e))
             continue
         k = (e, jj)
-        p, m = P[j][px[i]], M[j][px[i]]
+        p = P[j][px[i]]
+        bj = by.get(j)
+        if bj is None:
+            bj = by[j] = K * maxx * (float(np.max(np.abs(ky[j][1]))) if ky[j][1].size else 0.0)
         if k in acc:
             acc[k] = acc[k] + p
-            mag[k] = mag[k] + m
+            bound[k] += bj
+            parts[k].append((i, j))
         else:
-            acc[k], mag[k] = p, m
+            acc[k], bound[k], parts[k] = p, bj, [(i, j)]
     for k in acc:
-        acc[k] = S._cancel(acc[k], mag[k])
+        c = acc[k]
+        if c.size and np.min(np.abs(c)) > S.TOL * bound[k] * (1 + 1e-9):
+            continue  # nothing summed to this key could have cancelled
+        mag = None
+        for i, j in parts[k]:
+            m = mags(j)[px[i]]
+            mag = m if mag is None else mag + m
+        acc[k] = S._cancel(c, mag)
     return acc, H
 
 
@@ -2452,6 +2474,15 @@ def min_norm_hull(points: list[np.ndarray], iters: int = 500) -> np.ndarray:
     return x
 
 
+def _seed(key) -> int:
+    if key is None:
+        return 0
+    try:
+        return int(np.asarray(jax.random.key_data(key)).ravel().sum())
+    except Exception:
+        return int(np.asarray(key).ravel().sum())
+
+
 def _directions(leaves: list[np.ndarray], directions, num: int, key) -> list[list[np.ndarray]]:
     if directions is not None:
         out = []
@@ -2463,14 +2494,7 @@ def _directions(leaves: list[np.ndarray], directions, num: int, key) -> list[lis
             out.append([np.broadcast_to(np.asarray(x, np.float64), np.shape(l0)).copy()
                         for x, l0 in zip(dl, leaves)])
         return out
-    if key is None:
-        seed = 0
-    else:
-        try:
-            seed = int(np.asarray(jax.random.key_data(key)).ravel().sum())
-        except Exception:
-            seed = int(np.asarray(key).ravel().sum())
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(_seed(key))
     num = max(1, int(num))
     sizes = [int(np.size(x0)) for x0 in leaves]
     cuts = np.cumsum(sizes)[:-1]
@@ -2647,7 +2671,13 @@ def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key,
             f"{len(out_avals)} output(s) of shape {[tuple(a.shape) for a in out_avals]} "
             f"({what}). For a training step, certify the loss it differentiates: "
             "gradsan.jax.certify(loss)(params, batch)")
-    dirs = _directions(x0s, directions, num_directions, key)
+    if directions is None:  # random ones: the same for the same shapes and key, kept
+        dk = ("directions", tuple(np.shape(x) for x in x0s), num_directions, _seed(key))
+        dirs = traced.get(dk)
+        if dirs is None:
+            dirs = traced[dk] = _directions(x0s, None, num_directions, key)
+    else:
+        dirs = _directions(x0s, directions, num_directions, key)
     ctx = Ctx(data=data)
     fx0, results = _certify_rays(ctx, closed, x0s, dirs, terms, data, traced)
     return _combine(loss, name, treedef, x0s, dirs, results, ctx, fx0, terms)
