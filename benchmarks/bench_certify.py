@@ -83,5 +83,35 @@ def main() -> None:
           f"{t_cert / t_eager:.1f} eager gradients (target: <= ~50 gradients)")
 
 
+def seeds() -> None:
+    """The seed cases: one certification each, in jitted gradients of the same loss."""
+    A0 = jnp.array([[1.0, 0.0], [0.0, 3.0]])
+    cases = [
+        ("Zygote seed, theta = 4", lambda th: jnp.sqrt(jnp.sum((jnp.sqrt(A0 ** th) - A0) ** 2)),
+         4.0),
+        ("sqrt(x) * sqrt(x) at 0", lambda x: jnp.sqrt(x) * jnp.sqrt(x), 0.0),
+        ("x * sqrt(x) at 0", lambda x: x * jnp.sqrt(x), 0.0),
+        ("norm(x) at 0", lambda x: jnp.linalg.norm(x), jnp.zeros(3)),
+        ("sqrt(norm(x)) at 0", lambda x: jnp.sqrt(jnp.linalg.norm(x)), jnp.zeros(3)),
+    ]
+    print("seed cases (one certification, two rays):")
+    for name, f, x0 in cases:
+        with jax.enable_x64(True):
+            gj = jax.jit(jax.grad(f))
+            jax.block_until_ready(gj(x0))
+            t_jit = timeit(lambda: jax.block_until_ready(gj(x0)), 200)
+            g = jax.grad(f)
+            t_eager = timeit(lambda: jax.block_until_ready(g(x0)), 20)
+        cert = gsj.certify(f)
+        r = cert(x0)
+        t = timeit(lambda: cert(x0), 5)
+        d = r.findings[0].detail
+        out = None if r.outputs is None else np.round(np.asarray(r.outputs), 4).tolist()
+        print(f"  {name:24s} {d['label']:18s} {str(out):18s} {t * 1e3:6.1f} ms = "
+              f"{t / t_eager:4.1f} eager gradients ({t_eager * 1e3:.1f} ms) = {t / t_jit:4.0f} "
+              f"jitted ({t_jit * 1e6:.0f} us: dispatch)")
+
+
 if __name__ == "__main__":
     main()
+    seeds()

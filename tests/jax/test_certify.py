@@ -396,3 +396,37 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
     outs, _ = C.FWD["sort"](C.Ctx(), eqn, [b], [True])  # exact: decided
     assert (outs[0].bad == 0).all()
     np.testing.assert_array_equal(outs[0].terms[(S.q(Fraction(1)), 0)], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("op,x0,limits", [
+    (jnp.floor, 1.0, [2.0, 1.0]),   # floor(1 + t) + (1 + t) -> 2, floor(1 - t) + (1 - t) -> 1
+    (jnp.ceil, 1.0, [3.0, 2.0]),
+    (jnp.round, 0.5, [1.5, 0.5]),   # half to even: round(0.5) = 0, round(0.5 + t) = 1
+    (jnp.floor, 1.5, [2.5, 2.5]),   # no jump here: a gradient
+])
+def test_floor_ceil_round_jump_on_the_side_of_the_ray(op, x0, limits):
+    """Piecewise constant, never 'analytic': at a jump point the side of the ray decides (these
+    were 'unverified' repeated-JVP values before, a silent gradient 1.0 at the jump)."""
+    r = gsj.certify(lambda x: op(x) + x, directions=[1.0, -1.0])(x0)
+    d = r.findings[0].detail
+    assert [v["limit"] for v in d["verdicts"]] == limits
+    assert not d["unverified"]
+    if limits[0] == limits[1]:
+        assert d["label"] == "gradient" and float(r.outputs) == 1.0
+    else:
+        assert d["label"] == "singular" and r.outputs is None
+
+
+def test_a_value_compared_with_itself_is_decided():
+    """isnan (x != x), isfinite and nan_to_num decide on values that are NaN or infinite for
+    every t: logaddexp(x, -inf) = x, nan_to_num(sqrt(x - 1)) = 0 near 0."""
+    cases = [
+        (lambda x: jnp.logaddexp(x, -jnp.inf), 0.0, 1.0),
+        (lambda x: jnp.nan_to_num(jnp.sqrt(x - 1.0)) + x, 0.0, 1.0),
+        (lambda x: jnp.where(jnp.isnan((x - x) / (x - x)), x, 2 * x), 1.0, 1.0),
+        (lambda x: jnp.where(jnp.isfinite(jnp.log(x - x)), x, 3 * x), 0.0, 3.0),
+    ]
+    for f, x0, want in cases:
+        r = gsj.certify(f, directions=[1.0, -1.0])(x0)
+        assert _label(r) == "gradient", r.findings[0].detail["certificate"]
+        assert float(r.outputs) == want

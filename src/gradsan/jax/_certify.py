@@ -487,6 +487,50 @@ for _n in ("copy", "copy_p", "optimization_barrier", "reduce_precision", "real")
     BWD[_n] = _identity_bwd
 
 
+def _step_fwd(ctx, eqn, ins, act):
+    """floor, ceil and round: constant for small t. Where the limit u0 is a jump point (an
+    integer for floor and ceil, a half-integer for round) the side is the sign of the leading
+    term of u - u0 (floor(1 - t) = 0, not floor(1)); undecided where that sign is, or where u0
+    is within rounding of a jump point without being one."""
+    u = ins[0]
+    if isinstance(u, IntVal):
+        return _const_eval(eqn, ins), None
+    name = eqn.primitive.name
+    a0 = np.broadcast_to(u.coef(), u.shape)
+    if name == "floor":
+        at, here = np.floor(a0), np.floor(a0)
+        jump, below, above = a0 == at, a0 - 1.0, a0
+    elif name == "ceil":
+        at, here = np.ceil(a0), np.ceil(a0)
+        jump, below, above = a0 == at, a0, a0 + 1.0
+    else:  # round: rounding_method 0 is half away from zero, 1 half to even
+        away = int(eqn.params.get("rounding_method", 0)) == 0
+        fl = np.floor(a0)
+        here = np.where(a0 >= 0, np.floor(a0 + 0.5), np.ceil(a0 - 0.5)) if away else np.round(a0)
+        at = fl + 0.5
+        jump, below, above = a0 == at, fl, fl + 1.0
+    d = S.drop_const(u)
+    sg, und = S.sign_of(d)
+    ez = S.exact_zero(d)
+    val = np.where(jump & ~ez, np.where(sg > 0, above, below), here)
+    near = ~jump & (np.abs(a0 - at) <= _NEAR * np.maximum(1.0, np.abs(a0)))
+    undec = (jump & ~ez & und) | near | S._pole_mask(u) | (u.H <= S.EPS)
+    out = S.flag(S._keep_bad(Series.exact(np.where(undec, 0.0, val)), u), undec, UNDEC)
+    if u.inf is not None:  # floor(+-inf) = +-inf, floor(nan) = nan
+        out = S.with_inf(out, S.inf_code(u))
+    return [out], undec
+
+
+def _step_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    c = cots[0]  # a constant function of t: no cotangent, where decided
+    und = np.broadcast_to(aux, c.shape) & ~S.exact_zero(c)
+    return [S.flag(Series.zeros(c.shape), und, UNDEC)]
+
+
+for _n in ("floor", "ceil", "round"):
+    FWD[_n], BWD[_n] = _step_fwd, _step_bwd
+
+
 def _stop_fwd(ctx, eqn, ins, act):
     return [ins[0]], None
 
@@ -791,14 +835,26 @@ BWD["clamp"] = _clamp_bwd
 
 _CMP = {"gt": lambda s: s > 0, "ge": lambda s: s >= 0, "lt": lambda s: s < 0,
         "le": lambda s: s <= 0, "eq": lambda s: s == 0, "ne": lambda s: s != 0}
+# total-order comparisons (lax.lt_to, ...): the same on numbers and infinities; a NaN, which the
+# total order places, is undecided here
+_CMP.update({"lt_to": _CMP["lt"], "le_to": _CMP["le"], "eq_to": _CMP["eq"]})
 
 
 def _cmp_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal) or isinstance(b, IntVal):
         return _const_eval(eqn, ins), None
+    name = eqn.primitive.name
+    if a is b:  # x compared with itself (isnan is x != x): equal wherever x is a number or
+        code = S.inf_code(a)  # an infinity for each t, unordered where it is NaN (outside the
+        nan = S.nan_mask(a) | (a.bad == DOMAIN)  # domain is NaN for every small t)
+        known = ((a.bad == OK) | ((code != 0) & ~nan)) & ~(nan & name.endswith("_to"))
+        res = np.where(nan, name == "ne", _CMP[name](np.zeros(a.shape)))
+        codes = np.where(known | (nan & ~name.endswith("_to")), OK,
+                         _choice_codes(a.bad, a.shape)).astype(np.int8)
+        return [IntVal(res, codes)], None
     sg, und, _, codes = _cmp_sign(a, b)
-    res = _CMP[eqn.primitive.name](sg)
+    res = _CMP[name](sg)
     if a.inf is not None or b.inf is not None:
         # a NaN for every small t: unordered, as IEEE compares it (only `ne` holds)
         nan = np.broadcast_to(S.nan_mask(a), res.shape) | np.broadcast_to(S.nan_mask(b), res.shape)
@@ -863,7 +919,10 @@ def _is_finite_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
         return _const_eval(eqn, ins), None
-    return [IntVal(x.bad == OK, np.where(x.bad == OK, OK, UNDEC))], None
+    # finite for each small t where OK; not where +-inf or NaN for each t (an inf code, or
+    # outside the domain); unknown elsewhere
+    known = (x.bad == OK) | (x.bad == DOMAIN) | (S.inf_code(x) != 0)
+    return [IntVal(x.bad == OK, np.where(known, OK, UNDEC))], None
 
 
 FWD["is_finite"] = _is_finite_fwd
