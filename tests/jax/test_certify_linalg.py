@@ -74,3 +74,13 @@ def test_degenerate_decompositions_are_undecided(f):
     d = r.findings[0].detail
     assert d["label"] == "undecided" and r.outputs is None
     assert "not analytic" in d["certificate"]
+
+
+def test_expm_at_zero_decides_its_branch():
+    """expm picks its Pade degree from ceil(log2(|A| / theta)): at A = 0 that is ceil of log t,
+    which tends to -inf, so the smallest degree is taken; the gradient of sum(expm(A)^2) at 0
+    is 2 I."""
+    f = lambda x: jnp.sum(jax.scipy.linalg.expm(x.reshape(2, 2)) ** 2)  # noqa: E731
+    r = gsj.certify(f)(jnp.zeros(4))
+    assert r.findings[0].detail["label"] == "gradient"
+    np.testing.assert_allclose(np.asarray(r.outputs), [2.0, 0.0, 0.0, 2.0], atol=1e-12)

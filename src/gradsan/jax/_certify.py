@@ -514,11 +514,15 @@ def _step_fwd(ctx, eqn, ins, act):
     ez = S.exact_zero(d)
     val = np.where(jump & ~ez, np.where(sg > 0, above, below), here)
     near = ~jump & (np.abs(a0 - at) <= _NEAR * np.maximum(1.0, np.abs(a0)))
-    undec = (jump & ~ez & und) | near | S._pole_mask(u) | (u.H <= S.EPS)
-    out = S.flag(S._keep_bad(Series.exact(np.where(undec, 0.0, val)), u), undec, UNDEC)
+    pole = S._pole_mask(u)
+    sgu, undu = S.sign_of(u)
+    grows = pole & ~undu & (sgu != 0) & (u.bad == OK)  # floor(-1/t), floor(log t): -> -+inf
+    undec = ((jump & ~ez & und) | near | pole | (u.H <= S.EPS)) & ~grows
+    out = S.flag(S._keep_bad(Series.exact(np.where(undec | grows, 0.0, val)), u), undec, UNDEC)
+    out = S.with_inf(out, np.where(grows, S.SOFT * np.sign(sgu), 0))
     if u.inf is not None:  # floor(+-inf) = +-inf, floor(nan) = nan
         out = S.with_inf(out, S.inf_code(u))
-    return [out], undec
+    return [out], undec | grows
 
 
 def _step_bwd(ctx, eqn, ins, outs, aux, cots, need):
