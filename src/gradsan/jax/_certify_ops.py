@@ -614,3 +614,4 @@ BWD["top_k"] = _top_k_bwd
 C._PURE.update({"conv_general_dilated", "cumprod", "reduce_prod", "cummax", "cummin", "top_k"})
 C._PLAIN.update({"conv_general_dilated", "cumprod", "reduce_prod"})
 C._KINKY.add("top_k")
+from . import _certify_pool  # noqa: E402,F401
