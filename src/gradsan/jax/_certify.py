@@ -2667,8 +2667,9 @@ def _confirm_jumps(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, fx0: flo
 # -- Tier C: combining directions -----------------------------------------------------------
 
 
-def min_norm_hull(points: list[np.ndarray], iters: int = 500) -> np.ndarray:
-    """The minimum-norm element of the convex hull of the points."""
+def min_norm_hull(points: list[np.ndarray]) -> np.ndarray:
+    """The minimum-norm element of the convex hull of the points: exact, from the k x k Gram
+    matrix (the weights minimize w' G w on the simplex)."""
     if len(points) == 1:
         return np.ravel(points[0])
     if len(points) == 2:
@@ -2678,20 +2679,52 @@ def min_norm_hull(points: list[np.ndarray], iters: int = 500) -> np.ndarray:
         lam = 0.0 if dd == 0 else float(np.clip(-(b @ d) / dd, 0.0, 1.0))
         return b + lam * d
     P = np.stack([np.ravel(p) for p in points])
-    lam = np.full(len(P), 1.0 / len(P))
-    x = lam @ P
-    for _ in range(iters):  # Frank-Wolfe with exact line search
-        g = P @ x
-        i = int(np.argmin(g))
-        d = P[i] - x
-        dd = float(d @ d)
-        if dd == 0:
-            break
-        step = float(np.clip(-(x @ d) / dd, 0.0, 1.0))
-        if step == 0:
-            break
-        x = x + step * d
-    return x
+    return _simplex_weights(P @ P.T) @ P
+
+
+def _simplex_weights(G: np.ndarray) -> np.ndarray:
+    """argmin w' G w over the probability simplex. Up to 12 points, exactly: the optimum is
+    the affine minimum-norm point of some support S (Caratheodory: an affinely independent one),
+    where [G_S 1; 1' 0] [w; m] = [0; 1]; every support is tried and the best feasible one kept.
+    Beyond, projected gradient steps on the simplex."""
+    k = len(G)
+    best, wbest = np.inf, None
+    if k <= 12:
+        for mask in range(1, 1 << k):
+            S = [i for i in range(k) if mask >> i & 1]
+            A = np.zeros((len(S) + 1, len(S) + 1))
+            A[:-1, :-1] = G[np.ix_(S, S)]
+            A[:-1, -1] = A[-1, :-1] = 1.0
+            rhs = np.zeros(len(S) + 1)
+            rhs[-1] = 1.0
+            try:
+                sol = np.linalg.solve(A, rhs)
+            except np.linalg.LinAlgError:
+                continue
+            w = sol[:-1]
+            if not np.all(np.isfinite(w)) or np.any(w < -1e-12):
+                continue
+            w = np.clip(w, 0.0, None)
+            w /= w.sum()
+            full = np.zeros(k)
+            full[S] = w
+            val = float(full @ G @ full)
+            if val < best - 1e-15 * (1 + abs(best)):
+                best, wbest = val, full
+        if wbest is not None:
+            return wbest
+    w = np.full(k, 1.0 / k)
+    step = 1.0 / (2 * max(float(np.max(np.abs(np.linalg.eigvalsh(G)))), 1e-300))
+    for _ in range(20000):
+        w = _project_simplex(w - step * 2 * (G @ w))
+    return w
+
+
+def _project_simplex(v: np.ndarray) -> np.ndarray:
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - 1.0
+    r = np.nonzero(u - css / np.arange(1, len(v) + 1) > 0)[0][-1]
+    return np.maximum(v - css[r] / (r + 1), 0.0)
 
 
 def _seed(key) -> int:
