@@ -1300,8 +1300,21 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
         # the number of products in each contracted sum
         K = math.prod(d for ch, d in zip(sx, np.shape(kx[0][1])) if ch not in so) or 1
         maxx = float(np.max(np.abs(X))) if X.size else 0.0
-        for j in sorted(uy):
-            P[j] = _einsum2(specA, X, ky[j][1])
+        kept = {}
+        for i, j, _e, _jj, drop in pairs:
+            if not drop:
+                kept.setdefault(j, []).append(i)
+        for j in sorted(uy):  # one matmul per term of y, with the terms of x it is kept with
+            need = kept[j]
+            if len(need) == len(ix):
+                Pj = _einsum2(specA, X, ky[j][1])
+                for i in need:
+                    P[(i, j)] = Pj[px[i]]
+            else:
+                Xj = X[[px[i] for i in need]]
+                Pj = _einsum2(specA, Xj, ky[j][1])
+                for n, i in enumerate(need):
+                    P[(i, j)] = Pj[n]
 
     def mags(j):  # sum |x| |y| for y's term j, x's terms stacked (nonzero where a product is)
         if j not in M:
@@ -1313,7 +1326,7 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
     parts: dict = {}
     for i, j, e, jj, drop in pairs:
         if drop:
-            if j in M and i in px:
+            if j in M and i in px:  # (magnitudes already at hand)
                 nz = M[j][px[i]] != 0
             else:
                 nz = _contract_nonzero(spec, sx, sy, so, kx[i][1], ky[j][1])
@@ -1321,7 +1334,7 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
                 np.minimum(H, float(e))
             continue
         k = (e, jj)
-        p = P[j][px[i]]
+        p = P[(i, j)]
         bj = by.get(j)
         if bj is None:
             bj = by[j] = K * maxx * (float(np.max(np.abs(ky[j][1]))) if ky[j][1].size else 0.0)
