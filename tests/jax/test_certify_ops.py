@@ -10,25 +10,8 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-import gradsan.jax as gsj  # noqa: E402
 from gradsan.jax._certify import min_norm_hull  # noqa: E402
-
-# certify(loss) and certify(jax.grad(loss)) certify the same gradient
-WRAPS = [pytest.param(lambda f: f, id="loss"), pytest.param(jax.grad, id="grad")]
-
-
-def run(f, x0, directions=None):
-    with jax.enable_x64(True):
-        r = gsj.certify(f, directions=directions)(x0)
-    (fd,) = r.findings
-    assert fd.kind == "certified"
-    assert fd.detail["unverified"] == []
-    return r, fd.detail
-
-
-def ray_grads(d):
-    return [None if v["gradient"] is None else [np.asarray(g) for g in v["gradient"]]
-            for v in d["verdicts"]]
+from tests.jax._certify_util import WRAPS, assert_kink, ray_grads, run  # noqa: E402
 
 
 def jgrad(f, x):
@@ -306,13 +289,7 @@ def test_cummax_tie_is_a_clarke_subgradient(wrap):
     x0 = np.array([1.0, 3.0, 3.0])
     v = np.array([0.3, 0.5, -0.8])
     r, d = run(wrap(loss), x0, [v, -v])
-    g1, g2 = ray_grads(d)
-    np.testing.assert_array_equal(g1[0], [1.0, 2.0, 0.0])
-    np.testing.assert_array_equal(g2[0], [1.0, 1.0, 1.0])
-    np.testing.assert_array_equal(g1[0], jgrad(loss, x0 + 1e-6 * v)[0])
-    np.testing.assert_array_equal(g2[0], jgrad(loss, x0 - 1e-6 * v)[0])
-    assert d["label"] == "clarke-subgradient"
-    np.testing.assert_allclose(r.outputs, min_norm_hull([g1[0], g2[0]]), atol=1e-15)
+    assert_kink(r, d, loss, x0, v, [1.0, 2.0, 0.0], [1.0, 1.0, 1.0])
 
 
 def test_cummax_tie_up_to_the_horizon_is_undecided():
@@ -395,13 +372,7 @@ def test_top_k_exact_ties_are_a_kink(wrap):
     x0 = np.ones(3)
     v = np.array([0.2, -0.6, 0.4])
     r, d = run(wrap(loss), x0, [v, -v])
-    g1, g2 = ray_grads(d)
-    np.testing.assert_array_equal(g1[0], [1.0, 0.0, 1.0])
-    np.testing.assert_array_equal(g2[0], [1.0, 1.0, 0.0])
-    np.testing.assert_array_equal(g1[0], jgrad(loss, x0 + 1e-6 * v)[0])
-    np.testing.assert_array_equal(g2[0], jgrad(loss, x0 - 1e-6 * v)[0])
-    assert d["label"] == "clarke-subgradient"
-    np.testing.assert_allclose(r.outputs, min_norm_hull([g1[0], g2[0]]), atol=1e-15)
+    assert_kink(r, d, loss, x0, v, [1.0, 0.0, 1.0], [1.0, 1.0, 0.0])
 
 
 def test_top_k_identical_values_route_like_sort():
