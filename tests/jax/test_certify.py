@@ -453,3 +453,25 @@ def test_several_directions_give_the_minimum_norm_subgradient():
     assert _label(r) == "clarke-subgradient"
     assert len(r.findings[0].detail["verdicts"]) == 4
     np.testing.assert_allclose(np.asarray(r.outputs), np.zeros(3), atol=1e-15)
+
+
+def test_functions_of_a_hard_infinity_follow_ieee():
+    """A value that is +-inf for every t (log of an identically zero value): f of it is
+    f(+-inf) for every t. atanh(inf) and inf - inf are NaN all along the ray (DOMAIN, a decided
+    verdict); tanh(-inf) = -1 is a constant; isnan catches the NaN."""
+    cases = [
+        (lambda x: jnp.arctanh(jnp.arctanh(1.0)) + x, "singular", None),
+        (lambda x: jnp.sin(jnp.log(x - x)) * x, "singular", None),
+        (lambda x: jnp.log(x - x) - jnp.log(x - x) + x, "singular", None),
+        (lambda x: jnp.tanh(jnp.log(x - x)) + x, "gradient", 1.0),
+        (lambda x: jnp.where(jnp.isnan(jnp.log(x - x) - jnp.log(x - x)), x, 0.0), "gradient",
+         1.0),
+    ]
+    for f, label, want in cases:
+        r = gsj.certify(f, directions=[1.0, -1.0])(0.0)
+        d = r.findings[0].detail
+        assert d["label"] == label, d["certificate"]
+        if want is None:
+            assert [v["verdict"] for v in d["verdicts"]] == ["DOMAIN", "DOMAIN"]
+        else:
+            assert float(r.outputs) == want

@@ -442,16 +442,36 @@ UNARY: dict[str, tuple[Callable, Callable]] = {
 }
 
 
+def _at_hard_inf(name: str, u: Series, out: Series):
+    """(out, mask): where u is +-inf for every small t (a hard infinity of known sign), f of it
+    is f(+-inf) for every t, as IEEE arithmetic gives it (atanh(inf) = nan, tanh(inf) = 1,
+    sqrt(inf) = inf): a constant, an infinity or a NaN, whatever the rule made of it."""
+    if u.inf is None or name not in _NP_UNARY:
+        return out, None
+    iu, sg, hard = S.inf_parts(u)
+    m = iu & hard & (sg != 0)
+    if not m.any():
+        return out, None
+    with np.errstate(all="ignore"):
+        v = np.asarray(_NP_UNARY[name](np.where(sg > 0, np.inf, -np.inf)), np.float64)
+    fin = m & np.isfinite(v)
+    out = S.set_exact(out, fin, np.where(fin, v, 0.0))
+    code = np.where(m & np.isnan(v), S.NAN, np.where(m & np.isinf(v), np.sign(v) * S.HARD, 0))
+    return S.with_inf(out, code), m
+
+
 def _unary_fwd(fn):
     def rule(ctx, eqn, ins, act):
-        return [fn(ins[0])], None
+        out, m = _at_hard_inf(eqn.primitive.name, ins[0], fn(ins[0]))
+        return [out], m
 
     return rule
 
 
 def _unary_bwd(partial):
     def rule(ctx, eqn, ins, outs, aux, cots, need):
-        return [S.rmul(cots[0], partial(ins[0], outs[0]))]
+        c = cots[0] if aux is None else S.restrict(cots[0], ~aux)  # constant where +-inf
+        return [S.rmul(c, partial(ins[0], outs[0]))]
 
     return rule
 
@@ -2390,6 +2410,9 @@ def _value_verdict(y: Series, fx0: float):
         return RayResult("SINGULAR", certificate="the value diverges along the ray: "
                          f"f(x0 + t v) {what} {'+' if iy > 0 else '-'}inf",
                          fprime=math.copysign(math.inf, iy)), None, None, False
+    if bool(np.reshape(S.nan_mask(y), ())):  # NaN for every small t, as IEEE computes it
+        return RayResult("DOMAIN", certificate="f(x0 + t v) is NaN for every small t (the "
+                         "ray leaves the domain of f)"), None, None, False
     if y.bad.any():
         return _bad_verdict(_worst_bad(y.bad), "the value"), None, None, False
     E, J, C = S.lead(y)

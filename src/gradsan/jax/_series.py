@@ -532,7 +532,14 @@ def _shape2(a: Series, b: Series) -> tuple:
 
 def add(a: Series, b: Series, sb: float = 1.0) -> Series:
     if a is b and sb == -1.0:  # the same function of t: a - a is exactly zero where defined
-        return Series({}, np.where(a.bad == OK, np.inf, a.H), a.bad)
+        out = Series({}, np.where(a.bad == OK, np.inf, a.H), a.bad)
+        if a.inf is None:
+            return out
+        # inf - inf is NaN for each t (a hard infinity, or NaN), a soft one is finite: 0
+        ia, _, hard = inf_parts(a)
+        soft = ia & ~hard
+        out = set_exact(out, soft, 0.0)
+        return with_inf(out, np.where((ia & hard) | nan_mask(a), NAN, 0))
     shape = _shape2(a, b)
     if not b.terms and a.shape == shape and _is_exact(b, 0.0):  # a + 0 is a itself (kept for
         return a  # a - a and a / a)
@@ -583,8 +590,12 @@ def _add_inf(a: Series, b: Series, minus: bool, shape) -> np.ndarray:
     both = ia & ib & (sa == sb) & (sa != 0)
     only_a = ia & ~ib & ((ha & fin_b) | (~ha & bnd_b))
     only_b = ib & ~ia & ((hb & fin_a) | (~hb & bnd_a))
-    return inf_make(both | only_a | only_b, np.where(only_b, sb, sa),
+    code = inf_make(both | only_a | only_b, np.where(only_b, sb, sa),
                     np.where(both, ha | hb, np.where(only_b, hb, ha)))
+    # NaN for every t: a NaN operand, or +inf + -inf of two hard infinities
+    nan = np.broadcast_to(nan_mask(a), shape) | np.broadcast_to(nan_mask(b), shape) | (
+        ha & hb & ia & ib & (sa * sb < 0))
+    return np.where(nan, NAN, code).astype(np.int8)
 
 
 def sub(a: Series, b: Series) -> Series:
@@ -696,8 +707,10 @@ def _mul_inf(a: Series, b: Series, shape) -> np.ndarray:
     only_a = ia & ~ib & ((ha & (nz_b != 0)) | (~ha & (far_b != 0)))
     only_b = ib & ~ia & ((hb & (nz_a != 0)) | (~hb & (far_a != 0)))
     sgn = np.where(both, sa * sb, np.where(only_a, sa * nz_b, sb * nz_a))
-    return inf_make(both | only_a | only_b, sgn,
+    code = inf_make(both | only_a | only_b, sgn,
                     np.where(both, ha | hb, np.where(only_a, ha, hb)))
+    nan = np.broadcast_to(nan_mask(a), shape) | np.broadcast_to(nan_mask(b), shape)
+    return np.where(nan, NAN, code).astype(np.int8)
 
 
 def rmul(cot: Series, partial: Series) -> Series:
