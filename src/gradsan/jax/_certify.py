@@ -2480,7 +2480,7 @@ def _gradient_verdict(gs: list, x0s: list, vs: list, lim, fprime, removable) -> 
         if g.H.size and float(np.minimum.reduce(g.H, axis=None)) <= S.EPS:
             return RayResult("UNDECIDED", limit=lim, fprime=fprime,
                              notes=["the gradient's limit is beyond the precision horizon"])
-        grads.append(np.array(g.coef(), dtype=np.float64).reshape(np.shape(x0)))
+        grads.append(np.reshape(g.coef(), np.shape(x0)))
     gvs = np.concatenate([np.ravel(g) for g in grads] + [np.zeros(0)]) * \
         np.concatenate([np.ravel(v) for v in vs] + [np.zeros(0)])
     gv = float(np.sum(gvs))
@@ -2799,12 +2799,31 @@ def _directions(leaves: list[np.ndarray], directions, num: int, key) -> list[lis
     return dirs
 
 
-def _flat(arrays: list) -> np.ndarray:
-    return np.concatenate([np.ravel(a) for a in arrays] + [np.zeros(0)])
-
-
 def _same(g1: list, g2: list) -> bool:
-    return bool(np.allclose(_flat(g1), _flat(g2), rtol=1e-7, atol=1e-9))
+    return all(np.allclose(a, b, rtol=1e-7, atol=1e-9) for a, b in zip(g1, g2))
+
+
+def _opposite(d1: list, d2: list) -> bool:
+    return all(np.array_equal(a, -b) for a, b in zip(d1, d2))
+
+
+def _min_norm_leaves(grads: list[list]) -> list:
+    """The minimum-norm element of the hull of several gradients (lists of leaves). Leaves on
+    which every gradient agrees add the same constant to w' G w and are that leaf in the
+    result; the weights come from the Gram matrix of the others only."""
+    differ = [k for k in range(len(grads[0]))
+              if not all(np.array_equal(g[k], grads[0][k]) for g in grads[1:])]
+    out = [np.asarray(g, np.float64) for g in grads[0]]
+    if not differ:
+        return out
+    parts = [np.concatenate([np.ravel(g[k]) for k in differ]) for g in grads]
+    x = min_norm_hull(parts)
+    off = 0
+    for k in differ:
+        n = out[k].size
+        out[k] = x[off:off + n].reshape(out[k].shape)
+        off += n
+    return out
 
 
 _ARGNUMS = re.compile(r"with respect to positional argument\(s\) (-?\d+|\([-\d, ]*\))\.")
@@ -3009,10 +3028,9 @@ def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx,
         grads = [r.gradient for r in defined]
         all_same = all(_same(grads[0], g) for g in grads[1:])
         opposite = []
-        flat = [_flat(d) for d in dirs]
-        for i, di in enumerate(flat):
-            for k, dk in enumerate(flat):
-                if k > i and np.array_equal(di, -dk):
+        for i, di in enumerate(dirs):
+            for k, dk in enumerate(dirs):
+                if k > i and _opposite(di, dk):
                     ri, rk = results[i], results[k]
                     if ri.fprime is not None and rk.fprime is not None and \
                             ri.verdict in ("DEFINED", "REMOVABLE") and \
@@ -3034,12 +3052,7 @@ def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx,
         else:
             label = "clarke-subgradient"
             differentiable = False
-            flat = min_norm_hull([np.concatenate([np.ravel(a) for a in g]) for g in grads])
-            outputs_flat = []
-            off = 0
-            for x0 in x0s:
-                outputs_flat.append(flat[off:off + x0.size].reshape(x0.shape))
-                off += x0.size
+            outputs_flat = _min_norm_leaves(grads)
             why = "two different limits of the gradient" if not all_same else \
                 "f'(x0; v) + f'(x0; -v) != 0"
             cert = (f"not differentiable at x0 ({why}); the minimum-norm element of the convex "
