@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -1157,16 +1158,31 @@ def _host_limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
     return _limit(fun, args, kwargs, result)
 
 
+_CERTIFIERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _certifier(fun: Callable) -> Callable:
+    """certify(fun), kept per gradient function: a second incident reuses the traces of the
+    loss and of its vmapped form (most of a first certification's time)."""
+    from ._certify import certify
+
+    try:
+        c = _CERTIFIERS.get(fun)
+        if c is None:
+            c = _CERTIFIERS[fun] = certify(fun)
+        return c
+    except TypeError:  # not weakly referenceable
+        return certify(fun)
+
+
 def _limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
     """A numerical 0 * inf left non-finite: ask the limit engine for the gradient of the loss
     (``fun`` must be ``jax.grad(loss)``). Returns (certified gradient, finding) or None when
     there is no certified number (singular, undecided) or ``fun`` is not a plain gradient."""
     if not _plain_grad(fun, kwargs):
         return None
-    from ._certify import certify
-
     try:
-        rep = certify(fun)(*args)
+        rep = _certifier(fun)(*args)
     except Exception:  # an unsupported program: keep the non-finite value, reported
         return None
     if rep.outputs is None or not rep.findings:
