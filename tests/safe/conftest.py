@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
 
-jax.config.update("jax_enable_x64", True)
+import gradsan.jax.safe as jsafe
+import gradsan.torch.safe as tsafe
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
 
-import gradsan.jax.safe as jsafe  # noqa: E402
-import gradsan.torch.safe as tsafe  # noqa: E402
+@pytest.fixture(autouse=True)
+def _x64():
+    """float64 for these tests only (a global switch at import would also flip every other
+    test collected in the same process, and make the suite differ from a single file)."""
+    with jax.enable_x64(True):
+        yield
 
 DTYPES = [np.float32, np.float64]
 
