@@ -943,9 +943,9 @@ def _is_finite_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
         return _const_eval(eqn, ins), None
-    # finite for each small t where OK; not where +-inf or NaN for each t (an inf code, or
-    # outside the domain); unknown elsewhere
-    known = (x.bad == OK) | (x.bad == DOMAIN) | (S.inf_code(x) != 0)
+    # finite for each small t where OK; not where +-inf or NaN for each t (POISON, with or
+    # without an inf code, or outside the domain); unknown where undecided
+    known = (x.bad == OK) | (x.bad == DOMAIN) | (x.bad == POISON)
     return [IntVal(x.bad == OK, np.where(known, OK, UNDEC))], None
 
 
