@@ -1319,7 +1319,7 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
         px = {i: n for n, i in enumerate(ix)}
         # the number of products in each contracted sum
         K = math.prod(d for ch, d in zip(sx, np.shape(kx[0][1])) if ch not in so) or 1
-        maxx = float(np.max(np.abs(X))) if X.size else 0.0
+        maxx = max(S.max_abs(x, kx[i][0]) for i in ix)
         kept = {}
         for i, j, _e, _jj, drop in pairs:
             if not drop:
@@ -1342,7 +1342,6 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
         return M[j]
 
     bound: dict = {}  # per kept key: an upper bound of its magnitudes
-    by: dict = {}  # per term of y: the bound of one product
     parts: dict = {}
     for i, j, e, jj, drop in pairs:
         if drop:
@@ -1355,9 +1354,7 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
             continue
         k = (e, jj)
         p = P[(i, j)]
-        bj = by.get(j)
-        if bj is None:
-            bj = by[j] = K * maxx * (float(np.max(np.abs(ky[j][1]))) if ky[j][1].size else 0.0)
+        bj = K * maxx * S.max_abs(y, ky[j][0])
         if k in acc:
             acc[k] = acc[k] + p
             bound[k] += bj

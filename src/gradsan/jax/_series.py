@@ -160,7 +160,8 @@ def _dom(k: tuple) -> tuple:
 
 
 class Series:
-    __slots__ = ("terms", "H", "bad", "inf", "_v", "_ez", "_ld", "_c", "_hu", "_vu", "_pz")
+    __slots__ = ("terms", "H", "bad", "inf", "_v", "_ez", "_ld", "_c", "_hu", "_vu", "_pz",
+                 "_ma")
 
     def __init__(self, terms: dict, H: np.ndarray, bad: np.ndarray, inf=None):
         self.terms = terms
@@ -170,6 +171,7 @@ class Series:
         self._v = self._ez = self._ld = None  # caches of val, exact_zero, lead (immutable)
         self._hu = self._vu = False  # caches of uniform_h, uniform_veff (False: not computed)
         self._c = False  # an exact constant (made by `exact` / `zeros`)
+        self._ma = None  # max |coefficient| per term (see `max_abs`)
         self._pz = False  # a constant +0.0 (IEEE: 1 / +0.0 = +inf), see `exact`
 
     # -- constructors ---------------------------------------------------------------------------
@@ -308,6 +310,18 @@ def val(s: Series) -> np.ndarray:
             for (e, _j), c in items:
                 v = np.where(c != 0, float(e), v)  # the smallest exponent is written last
         s._v = v
+    return v
+
+
+def max_abs(s: Series, key) -> float:
+    """max |c| over the elements of the term ``key`` (0 if absent), cached on the series."""
+    ma = s._ma
+    if ma is None:
+        ma = s._ma = {}
+    v = ma.get(key)
+    if v is None:
+        c = s.terms.get(key)
+        v = ma[key] = float(np.max(np.abs(c))) if c is not None and c.size else 0.0
     return v
 
 
