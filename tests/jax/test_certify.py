@@ -475,3 +475,18 @@ def test_functions_of_a_hard_infinity_follow_ieee():
             assert [v["verdict"] for v in d["verdicts"]] == ["DOMAIN", "DOMAIN"]
         else:
             assert float(r.outputs) == want
+
+
+def test_one_parameter_gradient_from_the_value_series():
+    """x + sqrt(x + |x|) sqrt(|x| - x) is x (one of the square roots is of an identically zero
+    value on each side): jax.grad is NaN even at 1e-3, the reverse sweep meets sqrt'(0) times a
+    zero that only the forward series knows; with one parameter the value's series decides."""
+    f = lambda x: x + jnp.sqrt(x + jnp.abs(x)) * jnp.sqrt(jnp.abs(x) - x)  # noqa: E731
+    assert np.isnan(float(jax.grad(f)(1e-3)))
+    r = gsj.certify(f, directions=[1.0, -1.0])(0.0)
+    assert _label(r) == "gradient" and float(r.outputs) == 1.0
+    g = lambda x: jnp.exp(jax.scipy.special.erf(x - jnp.sqrt(x + jnp.abs(x))))  # noqa: E731
+    r = gsj.certify(g, directions=[1.0, -1.0])(0.0)
+    vs = r.findings[0].detail["verdicts"]
+    assert [v["verdict"] for v in vs] == ["SINGULAR", "DEFINED"]  # sqrt(2t) on the right
+    assert vs[1]["gradient"][0] == pytest.approx(2 / np.sqrt(np.pi), rel=1e-12)

@@ -2462,6 +2462,9 @@ def _gradient_verdict(gs: list, x0s: list, vs: list, lim, fprime, removable) -> 
             g = Series.zeros(np.shape(x0))
         g = S.bcast(g, np.shape(x0))
         if np.count_nonzero(g.bad):
+            r = _one_parameter(x0s, vs, lim, fprime, removable)
+            if r is not None:
+                return r
             r = _bad_verdict(_worst_bad(g.bad), "the gradient")
             r.limit, r.fprime = lim, fprime
             return r
@@ -2475,8 +2478,10 @@ def _gradient_verdict(gs: list, x0s: list, vs: list, lim, fprime, removable) -> 
                     f"{S.monomial(cc, min(k[0] for k in g.terms if np.any(g.terms[k] != 0)), j)} "
                     "(not locally Lipschitz near x0, so no Clarke subgradient exists)")
         if g.H.size and float(np.minimum.reduce(g.H, axis=None)) <= S.EPS:
-            return RayResult("UNDECIDED", limit=lim, fprime=fprime,
-                             notes=["the gradient's limit is beyond the precision horizon"])
+            r = _one_parameter(x0s, vs, lim, fprime, removable)
+            return r if r is not None else RayResult(
+                "UNDECIDED", limit=lim, fprime=fprime,
+                notes=["the gradient's limit is beyond the precision horizon"])
         grads.append(np.reshape(g.coef(), np.shape(x0)))
     gvs = np.concatenate([np.ravel(g) for g in grads] + [np.zeros(0)]) * \
         np.concatenate([np.ravel(v) for v in vs] + [np.zeros(0)])
@@ -2490,6 +2495,24 @@ def _gradient_verdict(gs: list, x0s: list, vs: list, lim, fprime, removable) -> 
     cert = (f"f(x0) is NaN but f(x0 + t v) -> {lim:.10g}; " if removable else "") + \
         f"lim grad f(x0 + t v) exists; f'(x0; v) = {fprime:.10g}"
     return RayResult(verdict, gradient=grads, fprime=fprime, limit=lim, certificate=cert)
+
+
+def _one_parameter(x0s: list, vs: list, lim, fprime, removable) -> RayResult | None:
+    """With one scalar parameter, the gradient at x0 + t v is g'(t) / v for g(t) = f(x0 + t v),
+    and the value's series (termwise differentiable) gives its limit: f'(x0; v) / v. Used where
+    the reverse sweep met an infinite partial times a zero that only the forward series knows
+    is identically zero (x + sqrt(x + |x|) sqrt(|x| - x): jax.grad NaN, the gradient 1)."""
+    if fprime is None or not math.isfinite(fprime) or sum(np.size(x) for x in x0s) != 1:
+        return None
+    v = float(np.ravel(np.concatenate([np.ravel(v) for v in vs]))[0])
+    if v == 0.0:
+        return None
+    grads = [np.full(np.shape(x0), fprime / v) for x0 in x0s]
+    cert = (f"f(x0) is NaN but f(x0 + t v) -> {lim:.10g}; " if removable else "") + \
+        f"lim grad f(x0 + t v) = f'(x0; v) / v = {fprime / v:.10g} (one parameter: from the " \
+        "value's series, the reverse sweep having met an infinite partial)"
+    return RayResult("REMOVABLE" if removable else "DEFINED", gradient=grads, fprime=fprime,
+                     limit=lim, certificate=cert)
 
 
 def _frame_of(fun) -> Frame | None:
