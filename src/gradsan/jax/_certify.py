@@ -1978,20 +1978,31 @@ def _multi_series(cs: list, shape, H: float) -> Series:
     return S.flag(S.mk(terms, np.full(shape, H), np.zeros(shape, np.int8), shape), nonfin, UNDEC)
 
 
-def _multi_fwd(eqn, ins) -> list:
+def _poly_at(coefs: list, t):
+    return sum(c * t ** k for k, c in enumerate(coefs))
+
+
+def _multi_setup(eqn, ins):
+    """(order N, the float inputs' polynomial coefficients by position, the float outputs'
+    positions, the inputs at t) of a primitive expanded along the ray."""
     name = eqn.primitive.name
     N = _order()
-    fl = _float_positions(ins)
-    polys = {i: _poly_coefs(ins[i], N, f"`{name}`") for i in fl}
-    H = min([float(np.min(ins[i].H)) if ins[i].H.size else np.inf for i in fl] + [N + 1.0])
+    polys = {i: _poly_coefs(ins[i], N, f"`{name}`") for i in _float_positions(ins)}
     fouts = [k for k, v in enumerate(eqn.outvars) if _is_float_aval(v.aval)]
     for k, v in enumerate(eqn.outvars):
         if k not in fouts and (name != "lu" or not np.issubdtype(v.aval.dtype, np.integer)):
             raise Undecided(f"`{name}` has a {v.aval.dtype} output (not supported by certify)")
 
     def vals_at(t):
-        return [sum(c * t ** k for k, c in enumerate(polys[i])) if i in polys else ins[i].x
-                for i in range(len(ins))]
+        return [_poly_at(polys[i], t) if i in polys else ins[i].x for i in range(len(ins))]
+
+    return N, polys, fouts, vals_at
+
+
+def _multi_fwd(eqn, ins) -> list:
+    name = eqn.primitive.name
+    N, polys, fouts, vals_at = _multi_setup(eqn, ins)
+    H = min([float(np.min(ins[i].H)) if ins[i].H.size else np.inf for i in polys] + [N + 1.0])
 
     def F(t):
         outs = _bind(eqn, vals_at(t))
@@ -2045,10 +2056,8 @@ def _check_nondegenerate(name: str, at0: list, eqn) -> None:
 
 def _multi_bwd(eqn, ins, cots, need) -> list:
     name = eqn.primitive.name
-    N = _order()
-    fl = _float_positions(ins)
-    polys = {i: _poly_coefs(ins[i], N, f"`{name}`") for i in fl}
-    fouts = [k for k, v in enumerate(eqn.outvars) if _is_float_aval(v.aval)]
+    N, polys, fouts, vals_at = _multi_setup(eqn, ins)
+    fl = list(polys)
     cpolys = {}
     for k in fouts:
         c = cots[k]
@@ -2060,8 +2069,7 @@ def _multi_bwd(eqn, ins, cots, need) -> list:
     want = [i for i in fl if need[i]]
 
     def G(t):
-        vals = [sum(c * t ** k for k, c in enumerate(polys[i])) if i in polys else ins[i].x
-                for i in range(len(ins))]
+        vals = vals_at(t)
 
         def f(*xs):
             v = list(vals)
@@ -2071,8 +2079,8 @@ def _multi_bwd(eqn, ins, cots, need) -> list:
             return [outs[k] for k in fouts]
 
         outs, vjp = jax.vjp(f, *[vals[i] for i in want])
-        ct = [sum(c * t ** j for j, c in enumerate(cpolys[k])) if k in cpolys
-              else jax.numpy.zeros_like(o) for k, o in zip(fouts, outs)]
+        ct = [_poly_at(cpolys[k], t) if k in cpolys else jax.numpy.zeros_like(o)
+              for k, o in zip(fouts, outs)]
         return list(vjp(ct))
 
     coefs = _taylor_in_t(G, N) if want else []
@@ -2091,12 +2099,7 @@ def _jvp_taylor(eqn):
     def taylor(a0, n):
         n_eff = min(n, 6)
         a0 = np.asarray(a0, np.float64)
-        fs = [f]
-        for _ in range(n_eff):
-            prev = fs[-1]
-            fs.append(lambda x, prev=prev: jax.jvp(prev, (x,), (jax.numpy.ones_like(x),))[1])
-        with jax.default_device(jax.devices("cpu")[0]):
-            cs = [np.asarray(g(a0), np.float64) / math.factorial(k) for k, g in enumerate(fs)]
+        cs = [c[0] for c in _taylor_in_t(lambda t: [f(a0 + t)], n_eff)]  # f(a0 + t) in t
         if n > n_eff:
             cs += [np.full(a0.shape, np.nan)] * (n - n_eff)
         return cs
