@@ -1578,6 +1578,53 @@ for _n in ("argmax", "argmin"):
     FWD[_n] = _argmax_fwd
 
 
+def _dense_rank(keys: list, shape: tuple) -> np.ndarray:
+    """Per row (last axis): the dense rank of each element in the lexicographic order of
+    ``keys`` (most significant first); equal tuples get equal ranks."""
+    n = shape[-1]
+    if not keys or n == 0:
+        return np.zeros(shape, np.int64)
+    flat = [np.broadcast_to(k, shape).reshape(-1, n) for k in keys]
+    order = np.lexsort(flat[::-1], axis=-1)
+    new = np.zeros(flat[0].shape, bool)
+    for k in flat:
+        sk = np.take_along_axis(k, order, axis=-1)
+        new[:, 1:] |= sk[:, 1:] != sk[:, :-1]
+    rk = np.cumsum(new, axis=-1)
+    rank = np.empty_like(rk)
+    np.put_along_axis(rank, order, rk, axis=-1)
+    return rank.reshape(shape)
+
+
+_LEVELS_MAX = 8
+
+
+def _tied_to_horizon(xl: Series, keys: list) -> np.ndarray:
+    """Elements whose order against some other element is undecided: equal in every known term
+    below the smaller of their horizons (a finite one). ``keys``: [(exponent, coefficients)]
+    in dominance order."""
+    shape = xl.shape
+    H = np.broadcast_to(xl.H, shape)
+    und = np.zeros(shape, bool)
+    fin = np.isfinite(H)
+    if not fin.any() or shape[-1] < 2:
+        return und
+    lv = np.unique(H[fin])
+    if lv.size > _LEVELS_MAX:  # conservative: everything tied at the lowest horizon
+        plan = [(float(lv[0]), fin)]
+    else:
+        plan = [(float(h), H <= h + S.EPS) for h in lv]
+    n = shape[-1]
+    for h, short in plan:
+        rank = _dense_rank([c for e, c in keys if e < h - S.EPS], shape).reshape(-1, n)
+        rows = np.arange(rank.shape[0])[:, None] * n
+        gid = (rows + rank).ravel()
+        count = np.bincount(gid, minlength=rank.size)
+        has = np.bincount(gid, weights=short.reshape(-1).astype(np.float64), minlength=rank.size)
+        und |= ((count[gid] >= 2) & (has[gid] > 0)).reshape(shape)
+    return und
+
+
 def _sort_fwd(ctx, eqn, ins, act):
     dim = eqn.params["dimension"]
     nk = eqn.params.get("num_keys", 1)
@@ -1619,8 +1666,6 @@ def _sort_fwd(ctx, eqn, ins, act):
         und[hi] |= tie
         # and any two that agree below the smaller horizon (1 + O(t) against 1 + t): the
         # whole block of elements sharing that prefix has an undecided order
-        from ._certify_ops import _tied_to_horizon
-
         for kx in keys:
             if isinstance(kx, Series) and np.isfinite(kx.H).any():
                 xl = S.apply_linear(S.bcast(kx, kx.shape), lambda a: np.moveaxis(take(a), dim, -1))
