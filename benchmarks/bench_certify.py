@@ -92,25 +92,32 @@ def main() -> None:
     print(f"  plain jax.grad: NaN in d/du = {nan}")
     print(f"  certify: label={d['label']}, verdicts={[v['verdict'] for v in d['verdicts']]}")
     if r.outputs is not None:
-        print(f"  certified d/du (min-norm Clarke element) norm = "
-              f"{float(np.linalg.norm(r.outputs['u'])):.3g}")
-    print(f"  time: jitted grad {t_jit * 1e3:.2f} ms, eager grad {t_eager * 1e3:.1f} ms, "
-          f"certify ({len(d['verdicts'])} rays) {t_cert * 1e3:.0f} ms (first call, with "
-          f"tracing: {t_first * 1e3:.0f} ms)")
-    print(f"  certify cost = {ratios[len(ratios) // 2]:.0f} jitted gradients (median of "
-          f"{len(ratios)} paired rounds; range {ratios[0]:.0f}-{ratios[-1]:.0f}) = "
-          f"{t_cert / t_eager:.1f} eager gradients (target: <= 50 gradients)")
-    print(f"  first calls: certify {t_first * 1e3:.0f} ms (tracing the loss and its vmapped "
-          f"form) against the jitted gradient's {t_jit_first * 1e3:.0f} ms (tracing and "
-          f"compiling): {t_first / t_jit_first:.2f}x")
+        print(
+            f"  certified d/du (min-norm Clarke element) norm = "
+            f"{float(np.linalg.norm(r.outputs['u'])):.3g}"
+        )
+    print(
+        f"  time: jitted grad {t_jit * 1e3:.2f} ms, eager grad {t_eager * 1e3:.1f} ms, "
+        f"certify ({len(d['verdicts'])} rays) {t_cert * 1e3:.0f} ms (first call, with "
+        f"tracing: {t_first * 1e3:.0f} ms)"
+    )
+    print(
+        f"  certify cost = {ratios[len(ratios) // 2]:.0f} jitted gradients (median of "
+        f"{len(ratios)} paired rounds; range {ratios[0]:.0f}-{ratios[-1]:.0f}) = "
+        f"{t_cert / t_eager:.1f} eager gradients (target: <= 50 gradients)"
+    )
+    print(
+        f"  first calls: certify {t_first * 1e3:.0f} ms (tracing the loss and its vmapped "
+        f"form) against the jitted gradient's {t_jit_first * 1e3:.0f} ms (tracing and "
+        f"compiling): {t_first / t_jit_first:.2f}x"
+    )
 
 
 def seeds() -> None:
     """The seed cases: one certification each, in jitted gradients of the same loss."""
     A0 = jnp.array([[1.0, 0.0], [0.0, 3.0]])
     cases = [
-        ("Zygote seed, theta = 4", lambda th: jnp.sqrt(jnp.sum((jnp.sqrt(A0 ** th) - A0) ** 2)),
-         4.0),
+        ("Zygote seed, theta = 4", lambda th: jnp.sqrt(jnp.sum((jnp.sqrt(A0**th) - A0) ** 2)), 4.0),
         ("sqrt(x) * sqrt(x) at 0", lambda x: jnp.sqrt(x) * jnp.sqrt(x), 0.0),
         ("x * sqrt(x) at 0", lambda x: x * jnp.sqrt(x), 0.0),
         ("norm(x) at 0", lambda x: jnp.linalg.norm(x), jnp.zeros(3)),
@@ -129,9 +136,11 @@ def seeds() -> None:
         t = timeit(lambda: cert(x0), 5)
         d = r.findings[0].detail
         out = None if r.outputs is None else np.round(np.asarray(r.outputs), 4).tolist()
-        print(f"  {name:24s} {d['label']:18s} {str(out):18s} {t * 1e3:6.1f} ms = "
-              f"{t / t_eager:4.1f} eager gradients ({t_eager * 1e3:.1f} ms) = {t / t_jit:4.0f} "
-              f"jitted ({t_jit * 1e6:.0f} us: dispatch)")
+        print(
+            f"  {name:24s} {d['label']:18s} {str(out):18s} {t * 1e3:6.1f} ms = "
+            f"{t / t_eager:4.1f} eager gradients ({t_eager * 1e3:.1f} ms) = {t / t_jit:4.0f} "
+            f"jitted ({t_jit * 1e6:.0f} us: dispatch)"
+        )
 
 
 if __name__ == "__main__":

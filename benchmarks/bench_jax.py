@@ -57,14 +57,20 @@ def block(tree: Any) -> Any:
 # Part 1 models
 # --------------------------------------------------------------------------------------------
 
-def mlp_init(key: jax.Array, d_in: int = 512, width: int = 512, depth: int = 4,
-             d_out: int = 1) -> list[dict[str, jax.Array]]:
+
+def mlp_init(
+    key: jax.Array, d_in: int = 512, width: int = 512, depth: int = 4, d_out: int = 1
+) -> list[dict[str, jax.Array]]:
     sizes = [d_in] + [width] * depth + [d_out]
     params = []
     for a, b in zip(sizes[:-1], sizes[1:]):
         key, k = jax.random.split(key)
-        params.append({"w": jax.random.normal(k, (a, b), jnp.float32) / np.sqrt(a),
-                       "b": jnp.zeros((b,), jnp.float32)})
+        params.append(
+            {
+                "w": jax.random.normal(k, (a, b), jnp.float32) / np.sqrt(a),
+                "b": jnp.zeros((b,), jnp.float32),
+            }
+        )
     return params
 
 
@@ -90,17 +96,29 @@ def tf_init(key: jax.Array, d: int = 256, layers: int = 2, d_ff: int = 1024) -> 
     blocks = []
     for _ in range(layers):
         key, *ks = jax.random.split(key, 7)
-        blocks.append({
-            "ln1_g": jnp.ones((d,)), "ln1_b": jnp.zeros((d,)),
-            "wq": dense(ks[0], d, d), "wk": dense(ks[1], d, d), "wv": dense(ks[2], d, d),
-            "wo": dense(ks[3], d, d),
-            "ln2_g": jnp.ones((d,)), "ln2_b": jnp.zeros((d,)),
-            "w1": dense(ks[4], d, d_ff), "b1": jnp.zeros((d_ff,)),
-            "w2": dense(ks[5], d_ff, d), "b2": jnp.zeros((d,)),
-        })
+        blocks.append(
+            {
+                "ln1_g": jnp.ones((d,)),
+                "ln1_b": jnp.zeros((d,)),
+                "wq": dense(ks[0], d, d),
+                "wk": dense(ks[1], d, d),
+                "wv": dense(ks[2], d, d),
+                "wo": dense(ks[3], d, d),
+                "ln2_g": jnp.ones((d,)),
+                "ln2_b": jnp.zeros((d,)),
+                "w1": dense(ks[4], d, d_ff),
+                "b1": jnp.zeros((d_ff,)),
+                "w2": dense(ks[5], d_ff, d),
+                "b2": jnp.zeros((d,)),
+            }
+        )
     key, k = jax.random.split(key)
-    return {"blocks": blocks, "lnf_g": jnp.ones((d,)), "lnf_b": jnp.zeros((d,)),
-            "head": dense(k, d, d)}
+    return {
+        "blocks": blocks,
+        "lnf_g": jnp.ones((d,)),
+        "lnf_b": jnp.zeros((d,)),
+        "head": dense(k, d, d),
+    }
 
 
 def tf_loss(params: dict, batch: tuple, heads: int = 4) -> jax.Array:
@@ -131,12 +149,14 @@ def make_train_step(loss_fn: Callable, opt: optax.GradientTransformation) -> Cal
         updates, opt_state = opt.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, loss
+
     return step
 
 
 # --------------------------------------------------------------------------------------------
 # Part 1: paired, alternating timing
 # --------------------------------------------------------------------------------------------
+
 
 class DebugNans:
     """Call ``fun`` with jax_debug_nans on; the flag is restored right after the call."""
@@ -160,13 +180,22 @@ def checkified_step(step: Callable) -> Callable:
         err, out = checked(*args)
         err.throw()
         return out
+
     return run
 
 
-def overhead(name: str, loss_fn: Callable, params: Any, batch: tuple, rounds: int,
-             warmup: int, with_checkify: bool = True) -> None:
+def overhead(
+    name: str,
+    loss_fn: Callable,
+    params: Any,
+    batch: tuple,
+    rounds: int,
+    warmup: int,
+    with_checkify: bool = True,
+) -> None:
     opt = optax.adam(1e-3)
     opt_state = opt.init(params)
+
     # Every variant gets its own step closure and jit object: JAX caches traces per function
     # object, so a shared `step` would let later variants reuse the plain step's trace (the
     # debug_nans variant must be traced and compiled with the flag on to be fair).
@@ -196,7 +225,7 @@ def overhead(name: str, loss_fn: Callable, params: Any, batch: tuple, rounds: in
     gc.disable()
     try:
         for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             got = {}
             for v in order:
                 f = variants[v]
@@ -211,20 +240,26 @@ def overhead(name: str, loss_fn: Callable, params: Any, batch: tuple, rounds: in
             gc.enable()
     floor_ms = read_floor_ms(variants["plain"](*args))
     print(f"\n{name}: {rounds} rounds (+{warmup} warm-up), paired alternating medians")
-    print(f"  {'model':<12} {'variant':<11} {'median ms':>10} {'ratio':>7} "
-          f"{'ratio IQR':>13} {'1st call s':>10}")
+    print(
+        f"  {'model':<12} {'variant':<11} {'median ms':>10} {'ratio':>7} "
+        f"{'ratio IQR':>13} {'1st call s':>10}"
+    )
     for v in names:
         q = np.percentile(ratios[v], [25, 75])
         med_ms = statistics.median(times[v]) * 1e3
         med_r = statistics.median(ratios[v])
-        print(f"  {name:<12} {v:<11} {med_ms:>10.2f} {med_r:>6.3f}x "
-              f"{q[0]:>6.3f}-{q[1]:<6.3f} {compile_s[v]:>10.2f}")
+        print(
+            f"  {name:<12} {v:<11} {med_ms:>10.2f} {med_r:>6.3f}x "
+            f"{q[0]:>6.3f}-{q[1]:<6.3f} {compile_s[v]:>10.2f}"
+        )
         result(f"{name}.{v}.ms", f"{med_ms:.2f}")
         result(f"{name}.{v}.ratio", f"{med_r:.3f}")
         result(f"{name}.{v}.first_call_s", f"{compile_s[v]:.2f}")
     plain_ms = statistics.median(times["plain"]) * 1e3
-    print(f"  one read of every output on the host (numpy, the fastest exact check we found): "
-          f"{floor_ms:.2f} ms = {1 + floor_ms / plain_ms:.3f}x the plain step")
+    print(
+        f"  one read of every output on the host (numpy, the fastest exact check we found): "
+        f"{floor_ms:.2f} ms = {1 + floor_ms / plain_ms:.3f}x the plain step"
+    )
     result(f"{name}.read_floor.ms", f"{floor_ms:.2f}")
     result(f"{name}.read_floor.ratio", f"{1 + floor_ms / plain_ms:.3f}")
     sys.stdout.flush()
@@ -233,8 +268,11 @@ def overhead(name: str, loss_fn: Callable, params: Any, batch: tuple, rounds: in
 def read_floor_ms(out: Any, reps: int = 50) -> float:
     """Median time to read every float output once and decide finiteness (a dot product with
     zeros: 0 * x is 0 for finite x and NaN otherwise). No exact check can read less."""
-    leaves = [np.asarray(x).reshape(-1) for x in jax.tree_util.tree_leaves(block(out))
-              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    leaves = [
+        np.asarray(x).reshape(-1)
+        for x in jax.tree_util.tree_leaves(block(out))
+        if jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
     zeros = [np.zeros_like(x) for x in leaves]
     ts = []
     for _ in range(reps):
@@ -260,8 +298,15 @@ def part1(rounds: int | None, warmup: int, quick: bool) -> None:
     batch = (jax.random.normal(kx, (16, 64, 256)), jax.random.normal(ky, (16, 64, 256)))
     if quick:
         print("\n(--quick: no checkify variant for the transformer; compiling it takes ~35 s)")
-    overhead("transformer", tf_loss, params, batch, rounds or (8 if quick else 30), warmup,
-             with_checkify=not quick)
+    overhead(
+        "transformer",
+        tf_loss,
+        params,
+        batch,
+        rounds or (8 if quick else 30),
+        warmup,
+        with_checkify=not quick,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,8 +346,7 @@ def deep_inputs() -> tuple:
     params = []
     for _ in range(DEPTH):
         key, k = jax.random.split(key)
-        params.append((jax.random.normal(k, (WIDTH, WIDTH)) / np.sqrt(WIDTH),
-                       jnp.zeros((WIDTH,))))
+        params.append((jax.random.normal(k, (WIDTH, WIDTH)) / np.sqrt(WIDTH), jnp.zeros((WIDTH,))))
     key, kx, ky = jax.random.split(key, 3)
     x = jax.random.normal(kx, (32, WIDTH))
     y = jax.random.normal(ky, (32, WIDTH))
@@ -323,8 +367,11 @@ def user_frame_from_tb(e: BaseException) -> str:
     for exc in (e.__cause__, e):
         if exc is None:
             continue
-        frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                  if os.path.abspath(f.filename) == os.path.abspath(__file__)]
+        frames = [
+            f
+            for f in traceback.extract_tb(exc.__traceback__)
+            if os.path.abspath(f.filename) == os.path.abspath(__file__)
+        ]
         if frames:
             f = frames[-1]
             return f"{os.path.basename(f.filename)}:{f.lineno}"
@@ -342,8 +389,10 @@ def timed_raise(fun: Callable, args: tuple, exc: type) -> tuple[float, BaseExcep
 
 def part2(quick: bool) -> None:
     print("\n" + "=" * 78)
-    print(f"Part 2: time from a NaN to the report ({DEPTH}-layer tanh MLP, width {WIDTH}, "
-          f"jnp.sqrt of an exact 0 at layer {BAD_LAYER})")
+    print(
+        f"Part 2: time from a NaN to the report ({DEPTH}-layer tanh MLP, width {WIDTH}, "
+        f"jnp.sqrt of an exact 0 at layer {BAD_LAYER})"
+    )
     print("=" * 78)
     args = deep_inputs()
     want_line = bad_sqrt_line()
@@ -374,24 +423,31 @@ def part2(quick: bool) -> None:
             print("    !! report has no findings; notes:", rep.notes)
         else:
             where = f"{os.path.basename(f0.where.file)}:{f0.where.line}" if f0.where else None
-            zf = (f"{os.path.basename(f0.zero_from.file)}:{f0.zero_from.line}"
-                  if f0.zero_from else None)
-            ok = (f0.where is not None
-                  and os.path.abspath(f0.where.file) == os.path.abspath(__file__)
-                  and f0.where.line == want_line)
-            print(f"    findings: {len(rep.findings)}; first: primitive={f0.primitive} "
-                  f"where={where} zero_from={zf} outputs={len(f0.outputs)} "
-                  f"(catalog_id={f0.catalog_id}, form={f0.form}, met_op={f0.met_op})")
+            zf = (
+                f"{os.path.basename(f0.zero_from.file)}:{f0.zero_from.line}"
+                if f0.zero_from
+                else None
+            )
+            ok = (
+                f0.where is not None
+                and os.path.abspath(f0.where.file) == os.path.abspath(__file__)
+                and f0.where.line == want_line
+            )
+            print(
+                f"    findings: {len(rep.findings)}; first: primitive={f0.primitive} "
+                f"where={where} zero_from={zf} outputs={len(f0.outputs)} "
+                f"(catalog_id={f0.catalog_id}, form={f0.form}, met_op={f0.met_op})"
+            )
             print(f"    where.code: {f0.where.code.strip() if f0.where else ''}")
             if f0.zero_from is not None:
                 print(f"    zero_from.code: {f0.zero_from.code.strip()}")
-            print(f"    reported line is the layer-{BAD_LAYER} sqrt line: "
-                  f"{'YES' if ok else 'NO'}")
+            print(f"    reported line is the layer-{BAD_LAYER} sqrt line: {'YES' if ok else 'NO'}")
             msg = str(e).strip().splitlines()
             print(f"    message first line: {msg[0] if msg else ''}")
-            result("nan_to_report.gradsan_guard.says",
-                   f"primitive={f0.primitive} where={where} zero_from={zf} "
-                   f"outputs={len(f0.outputs)}")
+            result(
+                "nan_to_report.gradsan_guard.says",
+                f"primitive={f0.primitive} where={where} zero_from={zf} outputs={len(f0.outputs)}",
+            )
             result("nan_to_report.gradsan_guard.line_is_bad_sqrt", ok)
     del step, e, e2
     sys.stdout.flush()
@@ -434,6 +490,7 @@ def part2(quick: bool) -> None:
             err, out = checked(*a)
             err.throw()
             return out
+
         return run
 
     step = make_checked()
@@ -455,19 +512,30 @@ def part2(quick: bool) -> None:
 
 # --------------------------------------------------------------------------------------------
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer rounds, no checkify on the transformer nor the 200-layer net (~1-2 min)")
-    ap.add_argument("--rounds", type=int, default=None, help="paired rounds per model "
-                    "(default 60 MLP / 30 transformer; --quick 24 / 8)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer rounds, no checkify on the transformer nor the 200-layer net (~1-2 min)",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="paired rounds per model (default 60 MLP / 30 transformer; --quick 24 / 8)",
+    )
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-nan", action="store_true")
     a = ap.parse_args()
     warmup = 2 if a.quick else 4
     t0 = time.perf_counter()
-    print(f"jax {jax.__version__}, optax {optax.__version__}, gradsan "
-          f"{getattr(gradsan, '__version__', '?')}, backend {jax.default_backend()}, "
-          f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}")
+    print(
+        f"jax {jax.__version__}, optax {optax.__version__}, gradsan "
+        f"{getattr(gradsan, '__version__', '?')}, backend {jax.default_backend()}, "
+        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}"
+    )
     if not a.skip_overhead:
         part1(a.rounds, warmup, a.quick)
     if not a.skip_nan:

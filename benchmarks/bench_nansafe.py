@@ -21,8 +21,10 @@ import gradsan.jax as gsj
 
 def mlp(sizes, key):
     keys = jax.random.split(key, len(sizes))
-    return [{"w": jax.random.normal(k, (a, b)) / np.sqrt(a), "b": jnp.zeros(b)}
-            for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+    return [
+        {"w": jax.random.normal(k, (a, b)) / np.sqrt(a), "b": jnp.zeros(b)}
+        for k, a, b in zip(keys, sizes[:-1], sizes[1:])
+    ]
 
 
 def loss_mlp(params, x, y):
@@ -69,11 +71,18 @@ def bench(name, loss, params, x, y, reps):
     safe = jax.jit(gsj.nansafe(jax.grad(loss)))
     c_plain = first_call(plain, (params, x, y))
     c_safe = first_call(safe, (params, x, y))
-    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
-        jax.tree_util.tree_leaves(plain(params, x, y)), jax.tree_util.tree_leaves(safe(params, x, y))))
+    same = all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(plain(params, x, y)),
+            jax.tree_util.tree_leaves(safe(params, x, y)),
+        )
+    )
     tp, ts = paired(plain, safe, (params, x, y), reps)
-    print(f"{name:32s} plain {tp * 1e3:8.2f} ms  nansafe {ts * 1e3:8.2f} ms  ratio {ts / tp:5.3f}  "
-          f"first call {c_plain:5.2f} s / {c_safe:5.2f} s  bit-identical {same}")
+    print(
+        f"{name:32s} plain {tp * 1e3:8.2f} ms  nansafe {ts * 1e3:8.2f} ms  ratio {ts / tp:5.3f}  "
+        f"first call {c_plain:5.2f} s / {c_safe:5.2f} s  bit-identical {same}"
+    )
     return ts / tp
 
 

@@ -35,8 +35,10 @@ def digits():
 
 def init(key, sizes, dtype):
     ks = jax.random.split(key, len(sizes))
-    return [((jax.random.normal(k, (a, b)) * np.sqrt(2.0 / a)).astype(dtype), jnp.zeros(b, dtype))
-            for k, a, b in zip(ks, sizes[:-1], sizes[1:])]
+    return [
+        ((jax.random.normal(k, (a, b)) * np.sqrt(2.0 / a)).astype(dtype), jnp.zeros(b, dtype))
+        for k, a, b in zip(ks, sizes[:-1], sizes[1:])
+    ]
 
 
 def loss(params, x, y):
@@ -80,11 +82,13 @@ def telemetry(epochs: int, width: int, batch: int) -> None:
             perm = np.random.default_rng(ep).permutation(x.shape[0])
             n = 0
             for i in range(0, len(perm) - batch + 1, batch):
-                idx = perm[i:i + batch]
+                idx = perm[i : i + batch]
                 n += int(count(params, xs[idx]))
                 params = step(params, xs[idx], ys[idx])
-            print(f"  {jnp.dtype(dtype).name:8s} epoch {ep}: relu'(0) hit {n:6d} times "
-                  f"({n / evals:.2e} of {evals} relu evaluations)")
+            print(
+                f"  {jnp.dtype(dtype).name:8s} epoch {ep}: relu'(0) hit {n:6d} times "
+                f"({n / evals:.2e} of {evals} relu evaluations)"
+            )
 
 
 def cost(layers: int, width: int) -> None:
@@ -107,8 +111,10 @@ def cost(layers: int, width: int) -> None:
     t0 = time.perf_counter()
     jax.make_jaxpr(lambda *a: step(*a))(params, x, y)
     trace = time.perf_counter() - t0
-    print(f"{layers}-layer MLP: tracing the step to a jaxpr alone takes {trace:.2f} s = "
-          f"{trace / warm:.0f}x a warm step (what any tool that reads the program pays once)")
+    print(
+        f"{layers}-layer MLP: tracing the step to a jaxpr alone takes {trace:.2f} s = "
+        f"{trace / warm:.0f}x a warm step (what any tool that reads the program pays once)"
+    )
     san = gsj.sanitize(step)
     t0 = time.perf_counter()
     r = san(params, x, y)
@@ -119,10 +125,12 @@ def cost(layers: int, width: int) -> None:
         san(params, x, y)
         times.append(time.perf_counter() - t0)
     again = sorted(times)[len(times) // 2]
-    print(f"{layers}-layer MLP (width {width}): plain jitted step: first call {first:.2f} s, warm "
-          f"{warm * 1e3:.2f} ms; sanitize: one-off {one_off:.2f} s = {one_off / first:.2f}x the "
-          f"plain first call, again {again * 1e3:.2f} ms = {again / warm:.1f}x a warm step "
-          f"({len(r.findings)} findings)")
+    print(
+        f"{layers}-layer MLP (width {width}): plain jitted step: first call {first:.2f} s, warm "
+        f"{warm * 1e3:.2f} ms; sanitize: one-off {one_off:.2f} s = {one_off / first:.2f}x the "
+        f"plain first call, again {again * 1e3:.2f} ms = {again / warm:.1f}x a warm step "
+        f"({len(r.findings)} findings)"
+    )
     print(f"RESULT sanitize.one_off_vs_first_call={one_off / first:.2f}")
     print(f"RESULT sanitize.repeat_vs_warm_step={again / warm:.2f}")
 

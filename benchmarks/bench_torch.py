@@ -30,8 +30,9 @@ def mlp(width: int = 512, depth: int = 4) -> torch.nn.Module:
 
 
 def transformer(d_model: int = 256) -> torch.nn.Module:
-    layer = torch.nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=4 * d_model,
-                                             batch_first=True, dropout=0.0)
+    layer = torch.nn.TransformerEncoderLayer(
+        d_model, nhead=4, dim_feedforward=4 * d_model, batch_first=True, dropout=0.0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         enc = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
@@ -91,8 +92,10 @@ def anomaly(step):
 def overhead(name: str, model: torch.nn.Module, x: torch.Tensor, reps: int) -> None:
     step = make_step(model, x)
     res = paired({"plain": step, "guard": gst.guard(step), "anomaly": anomaly(step)}, reps)
-    print(f"{name:28s} plain {res['plain_ms']:7.2f} ms   guard {_iqr(res, 'guard')}   "
-          f"detect_anomaly {_iqr(res, 'anomaly')}")
+    print(
+        f"{name:28s} plain {res['plain_ms']:7.2f} ms   guard {_iqr(res, 'guard')}   "
+        f"detect_anomaly {_iqr(res, 'anomaly')}"
+    )
 
 
 class Deep(torch.nn.Module):
@@ -140,9 +143,11 @@ def time_to_report(reps: int) -> None:
                 msg_a = str(e).splitlines()[0]
         a_times.append(time.perf_counter() - t)
     g, a = statistics.median(g_times), statistics.median(a_times)
-    print(f"200-layer MLP, sqrt(0) at layer 150: guard -> report {g * 1e3:.0f} ms, "
-          f"detect_anomaly -> error {a * 1e3:.0f} ms ({g / a:.2f}x; first call "
-          f"{g_times[0] * 1e3:.0f} ms vs {a_times[0] * 1e3:.0f} ms)")
+    print(
+        f"200-layer MLP, sqrt(0) at layer 150: guard -> report {g * 1e3:.0f} ms, "
+        f"detect_anomaly -> error {a * 1e3:.0f} ms ({g / a:.2f}x; first call "
+        f"{g_times[0] * 1e3:.0f} ms vs {a_times[0] * 1e3:.0f} ms)"
+    )
     print(f"  gradsan:        {msg_g[:160]}")
     print(f"  detect_anomaly: {msg_a[:160]}")
 

@@ -41,8 +41,13 @@ def _hull(support: list[int]) -> Callable[[np.ndarray], bool]:
     def ok(g: np.ndarray) -> bool:
         g = np.ravel(g)
         others = [i for i in range(g.size) if i not in support]
-        return bool(np.all(np.isfinite(g)) and np.all(g[support] >= -1e-12)
-                    and abs(g[support].sum() - 1) <= 1e-9 and np.all(g[others] == 0))
+        return bool(
+            np.all(np.isfinite(g))
+            and np.all(g[support] >= -1e-12)
+            and abs(g[support].sum() - 1) <= 1e-9
+            and np.all(g[others] == 0)
+        )
+
     return ok
 
 
@@ -81,58 +86,174 @@ def cases() -> list[Case]:
     v3132 = [3.0, 1.0, 3.0, 2.0]
     eye2 = [[1.0, 0.0], [0.0, 1.0]]
     return [
-        Case("abs(x)", "x = 0", lambda: jg(jnp.abs, z), lambda: tg(torch.abs, z),
-             "[-1, 1]", _in(-1, 1)),
-        Case("relu(x)", "x = 0", lambda: jg(jax.nn.relu, z), lambda: tg(torch.relu, z),
-             "[0, 1]", _in(0, 1)),
-        Case("maximum(x, 0)", "x = 0", lambda: jg(lambda x: jnp.maximum(x, 0.0), z),
-             lambda: tg(lambda x: torch.maximum(x, torch.zeros_like(x)), z), "[0, 1]", _in(0, 1)),
-        Case("clip(x, 0, 1)", "x = 0", lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), z),
-             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z), "[0, 1]", _in(0, 1)),
-        Case("clip(x, 0, 1)", "x = 1", lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), 1.0),
-             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), 1.0), "[0, 1]", _in(0, 1)),
-        Case("lax.clamp(0, x, 1) / torch.clamp(x, 0, 1)", "x = 0",
-             lambda: jg(lambda x: jax.lax.clamp(0.0, x, 1.0), z),
-             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z), "[0, 1]", _in(0, 1)),
-        Case("maximum(x, y)", "x = y = 1", lambda: jg(jnp.maximum, 1.0, 1.0),
-             lambda: tg(torch.maximum, 1.0, 1.0), "{(t, 1 - t) : t in [0, 1]}", _hull([0, 1])),
-        Case("minimum(x, y)", "x = y = 1", lambda: jg(jnp.minimum, 1.0, 1.0),
-             lambda: tg(torch.minimum, 1.0, 1.0), "{(t, 1 - t) : t in [0, 1]}", _hull([0, 1])),
-        Case("max(x) (reduction)", "x = [1, 1, 0]", lambda: jg(jnp.max, v110),
-             lambda: tg(torch.amax, v110), "convex combinations of e0, e1", _hull([0, 1])),
-        Case("max(x, dim=0) / x[argmax(x)]", "x = [1, 1, 0]",
-             lambda: jg(lambda x: x[jnp.argmax(x)], v110),
-             lambda: tg(lambda x: torch.max(x, dim=0).values, v110),
-             "convex combinations of e0, e1", _hull([0, 1])),
-        Case("sort(x)[-1]", "x = [3, 1, 3, 2]", lambda: jg(lambda x: jnp.sort(x)[-1], v3132),
-             lambda: tg(lambda x: torch.sort(x).values[-1], v3132),
-             "convex combinations of e0, e2", _hull([0, 2])),
-        Case("top_k(x, 1)", "x = [3, 1, 3, 2]",
-             lambda: jg(lambda x: jax.lax.top_k(x, 1)[0][0], v3132),
-             lambda: tg(lambda x: torch.topk(x, 1).values[0], v3132),
-             "convex combinations of e0, e2", _hull([0, 2])),
-        Case("where(x > 0, x, 0)", "x = 0", lambda: jg(lambda x: jnp.where(x > 0, x, 0.0), z),
-             lambda: tg(lambda x: torch.where(x > 0, x, torch.zeros_like(x)), z), "[0, 1]",
-             _in(0, 1)),
-        Case("norm(x)", "x = [0, 0]", lambda: jg(jnp.linalg.norm, [0.0, 0.0]),
-             lambda: tg(torch.linalg.norm, [0.0, 0.0]), "the unit ball", _ball),
-        Case("hypot(x, y)", "x = y = 0", lambda: jg(jnp.hypot, z, z),
-             lambda: tg(torch.hypot, z, z), "the unit disk", _ball),
-        Case("eigvalsh(A)[-1]", "A = I (2x2)", lambda: jg(lambda a: jnp.linalg.eigvalsh(a)[-1], eye2),
-             lambda: tg(lambda a: torch.linalg.eigvalsh(a)[-1], eye2),
-             "symmetric PSD matrices of trace 1", _psd_trace1),
-        Case("sign(x)", "x = 0", lambda: jg(jnp.sign, z), lambda: tg(torch.sign, z),
-             "none (a jump)", None),
-        Case("floor(x)", "x = 2", lambda: jg(jnp.floor, 2.0), lambda: tg(torch.floor, 2.0),
-             "none (a jump)", None),
-        Case("round(x)", "x = 0.5", lambda: jg(jnp.round, 0.5), lambda: tg(torch.round, 0.5),
-             "none (a jump)", None),
-        Case("atan2(y, x)", "x = y = 0", lambda: jg(jnp.arctan2, z, z),
-             lambda: tg(torch.atan2, z, z), "none (discontinuous)", None),
-        Case("relu(x) - relu(-x)  (= x)", "x = 0",
-             lambda: jg(lambda x: jax.nn.relu(x) - jax.nn.relu(-x), z),
-             lambda: tg(lambda x: torch.relu(x) - torch.relu(-x), z), "{1} (differentiable)",
-             lambda g: bool(np.all(g == 1))),
+        Case(
+            "abs(x)",
+            "x = 0",
+            lambda: jg(jnp.abs, z),
+            lambda: tg(torch.abs, z),
+            "[-1, 1]",
+            _in(-1, 1),
+        ),
+        Case(
+            "relu(x)",
+            "x = 0",
+            lambda: jg(jax.nn.relu, z),
+            lambda: tg(torch.relu, z),
+            "[0, 1]",
+            _in(0, 1),
+        ),
+        Case(
+            "maximum(x, 0)",
+            "x = 0",
+            lambda: jg(lambda x: jnp.maximum(x, 0.0), z),
+            lambda: tg(lambda x: torch.maximum(x, torch.zeros_like(x)), z),
+            "[0, 1]",
+            _in(0, 1),
+        ),
+        Case(
+            "clip(x, 0, 1)",
+            "x = 0",
+            lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), z),
+            lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z),
+            "[0, 1]",
+            _in(0, 1),
+        ),
+        Case(
+            "clip(x, 0, 1)",
+            "x = 1",
+            lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), 1.0),
+            lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), 1.0),
+            "[0, 1]",
+            _in(0, 1),
+        ),
+        Case(
+            "lax.clamp(0, x, 1) / torch.clamp(x, 0, 1)",
+            "x = 0",
+            lambda: jg(lambda x: jax.lax.clamp(0.0, x, 1.0), z),
+            lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z),
+            "[0, 1]",
+            _in(0, 1),
+        ),
+        Case(
+            "maximum(x, y)",
+            "x = y = 1",
+            lambda: jg(jnp.maximum, 1.0, 1.0),
+            lambda: tg(torch.maximum, 1.0, 1.0),
+            "{(t, 1 - t) : t in [0, 1]}",
+            _hull([0, 1]),
+        ),
+        Case(
+            "minimum(x, y)",
+            "x = y = 1",
+            lambda: jg(jnp.minimum, 1.0, 1.0),
+            lambda: tg(torch.minimum, 1.0, 1.0),
+            "{(t, 1 - t) : t in [0, 1]}",
+            _hull([0, 1]),
+        ),
+        Case(
+            "max(x) (reduction)",
+            "x = [1, 1, 0]",
+            lambda: jg(jnp.max, v110),
+            lambda: tg(torch.amax, v110),
+            "convex combinations of e0, e1",
+            _hull([0, 1]),
+        ),
+        Case(
+            "max(x, dim=0) / x[argmax(x)]",
+            "x = [1, 1, 0]",
+            lambda: jg(lambda x: x[jnp.argmax(x)], v110),
+            lambda: tg(lambda x: torch.max(x, dim=0).values, v110),
+            "convex combinations of e0, e1",
+            _hull([0, 1]),
+        ),
+        Case(
+            "sort(x)[-1]",
+            "x = [3, 1, 3, 2]",
+            lambda: jg(lambda x: jnp.sort(x)[-1], v3132),
+            lambda: tg(lambda x: torch.sort(x).values[-1], v3132),
+            "convex combinations of e0, e2",
+            _hull([0, 2]),
+        ),
+        Case(
+            "top_k(x, 1)",
+            "x = [3, 1, 3, 2]",
+            lambda: jg(lambda x: jax.lax.top_k(x, 1)[0][0], v3132),
+            lambda: tg(lambda x: torch.topk(x, 1).values[0], v3132),
+            "convex combinations of e0, e2",
+            _hull([0, 2]),
+        ),
+        Case(
+            "where(x > 0, x, 0)",
+            "x = 0",
+            lambda: jg(lambda x: jnp.where(x > 0, x, 0.0), z),
+            lambda: tg(lambda x: torch.where(x > 0, x, torch.zeros_like(x)), z),
+            "[0, 1]",
+            _in(0, 1),
+        ),
+        Case(
+            "norm(x)",
+            "x = [0, 0]",
+            lambda: jg(jnp.linalg.norm, [0.0, 0.0]),
+            lambda: tg(torch.linalg.norm, [0.0, 0.0]),
+            "the unit ball",
+            _ball,
+        ),
+        Case(
+            "hypot(x, y)",
+            "x = y = 0",
+            lambda: jg(jnp.hypot, z, z),
+            lambda: tg(torch.hypot, z, z),
+            "the unit disk",
+            _ball,
+        ),
+        Case(
+            "eigvalsh(A)[-1]",
+            "A = I (2x2)",
+            lambda: jg(lambda a: jnp.linalg.eigvalsh(a)[-1], eye2),
+            lambda: tg(lambda a: torch.linalg.eigvalsh(a)[-1], eye2),
+            "symmetric PSD matrices of trace 1",
+            _psd_trace1,
+        ),
+        Case(
+            "sign(x)",
+            "x = 0",
+            lambda: jg(jnp.sign, z),
+            lambda: tg(torch.sign, z),
+            "none (a jump)",
+            None,
+        ),
+        Case(
+            "floor(x)",
+            "x = 2",
+            lambda: jg(jnp.floor, 2.0),
+            lambda: tg(torch.floor, 2.0),
+            "none (a jump)",
+            None,
+        ),
+        Case(
+            "round(x)",
+            "x = 0.5",
+            lambda: jg(jnp.round, 0.5),
+            lambda: tg(torch.round, 0.5),
+            "none (a jump)",
+            None,
+        ),
+        Case(
+            "atan2(y, x)",
+            "x = y = 0",
+            lambda: jg(jnp.arctan2, z, z),
+            lambda: tg(torch.atan2, z, z),
+            "none (discontinuous)",
+            None,
+        ),
+        Case(
+            "relu(x) - relu(-x)  (= x)",
+            "x = 0",
+            lambda: jg(lambda x: jax.nn.relu(x) - jax.nn.relu(-x), z),
+            lambda: tg(lambda x: torch.relu(x) - torch.relu(-x), z),
+            "{1} (differentiable)",
+            lambda g: bool(np.all(g == 1)),
+        ),
     ]
 
 
@@ -167,8 +288,10 @@ def render() -> str:
     rows = []
     for c in cases():
         gj, gt = c.jax(), c.torch()
-        rows.append(f"| `{c.name}` | {c.point} | {_fmt(gj)} | {_fmt(gt)} | {c.admissible} | "
-                    f"{_verdict(c.check, gj)} | {_verdict(c.check, gt)} |")
+        rows.append(
+            f"| `{c.name}` | {c.point} | {_fmt(gj)} | {_fmt(gt)} | {c.admissible} | "
+            f"{_verdict(c.check, gj)} | {_verdict(c.check, gt)} |"
+        )
     torch_version = torch.__version__.split("+")[0]
     lines = [
         "# Conventions at kinks: JAX vs PyTorch",

@@ -30,9 +30,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gradsan", description="A gradient sanitizer for JAX and PyTorch.")
+    parser = argparse.ArgumentParser(
+        prog="gradsan", description="A gradient sanitizer for JAX and PyTorch."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("catalog", help="list the catalog of singular operations, or print one entry")
+    p = sub.add_parser(
+        "catalog", help="list the catalog of singular operations, or print one entry"
+    )
     p.add_argument("id", nargs="?", help="an entry id, e.g. sqrt-at-zero")
     p.set_defaults(fn=_catalog)
     p = sub.add_parser("demo", help="a gallery of classic NaN-gradient cases, diagnosed")

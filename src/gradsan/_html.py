@@ -62,7 +62,7 @@ def _source(frame: Frame | None) -> str:
 
 
 def _box(kind: str, label: str, inner: str) -> str:
-    return (f'<div class="box {kind}"><div class="label">{_e(label)}</div>{inner}</div>')
+    return f'<div class="box {kind}"><div class="label">{_e(label)}</div>{inner}</div>'
 
 
 def _finding(f: Finding, number: int | None) -> str:
@@ -74,15 +74,28 @@ def _finding(f: Finding, number: int | None) -> str:
     values = f.values
     if f.detail.get("derivative"):
         values = (values + "; " if values else "") + f.detail["derivative"]
-    extra = "".join(f'<div class="values">{_e(v)}</div>' for v in
-                    [values, f"in {f.context}" if f.context else "",
-                     f"inside the library function {f.library}" if f.library else ""] if v)
-    boxes.append(_box("origin", "origin" if f.kind != "kink" else "kink at",
-                      _source(f.where) + extra))
+    extra = "".join(
+        f'<div class="values">{_e(v)}</div>'
+        for v in [
+            values,
+            f"in {f.context}" if f.context else "",
+            f"inside the library function {f.library}" if f.library else "",
+        ]
+        if v
+    )
+    boxes.append(
+        _box("origin", "origin" if f.kind != "kink" else "kink at", _source(f.where) + extra)
+    )
     if f.zero_from is not None or f.met_where is not None:
         met_text = f.detail.get("met_text") or (f"{f.form} = NaN in {f.met_op}" if f.form else "")
-        boxes.append(_box("met", "met a zero", _source(f.zero_from or f.met_where)
-                          + (f'<div class="values">{_e(met_text)}</div>' if met_text else "")))
+        boxes.append(
+            _box(
+                "met",
+                "met a zero",
+                _source(f.zero_from or f.met_where)
+                + (f'<div class="values">{_e(met_text)}</div>' if met_text else ""),
+            )
+        )
     if f.outputs:
         items = "".join(f"<li>{_e(o)}</li>" for o in f.outputs[:12])
         more = f"<li>and {len(f.outputs) - 12} more</li>" if len(f.outputs) > 12 else ""
@@ -98,8 +111,9 @@ def _finding(f: Finding, number: int | None) -> str:
             items.append(f"<li>{_e(first)}{code}</li>")
         parts.append('<div class="fix"><b>Fix:</b><ol>' + "".join(items) + "</ol></div>")
     if f.catalog_id:
-        parts.append(f'<div class="notes">Details: <code>gradsan catalog {_e(f.catalog_id)}'
-                     "</code></div>")
+        parts.append(
+            f'<div class="notes">Details: <code>gradsan catalog {_e(f.catalog_id)}</code></div>'
+        )
     parts.append("</section>")
     return "".join(parts)
 
@@ -108,16 +122,24 @@ def render_html(report: Report, title: str | None = None) -> str:
     """The report as a self-contained HTML document (a string)."""
     title = title or f"gradsan report: {report.function}"
     n = len(report.findings)
-    body = [f"<h1>{_e(title)}</h1>",
-            f'<div class="sub">{_e(report.backend or "")} &middot; '
-            f'{"ok" if report.ok else "non-finite values found"} &middot; {n} finding(s)</div>']
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f'<div class="sub">{_e(report.backend or "")} &middot; '
+        f"{'ok' if report.ok else 'non-finite values found'} &middot; {n} finding(s)</div>",
+    ]
     if not report.findings:
         body.append("<p>No findings: every output is finite.</p>")
     for i, f in enumerate(report.findings, 1):
         body.append(_finding(f, i if n > 1 else None))
     if report.notes:
-        body.append('<div class="notes">' + "".join(f"<p>note: {_e(x)}</p>" for x in report.notes)
-                    + "</div>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
-            + "\n".join(body) + "</body></html>\n")
+        body.append(
+            '<div class="notes">'
+            + "".join(f"<p>note: {_e(x)}</p>" for x in report.notes)
+            + "</div>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )

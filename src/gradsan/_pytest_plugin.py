@@ -26,11 +26,15 @@ _HOOKS_KEY = "_gradsan_hooks"
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gradsan", "gradsan: gradient sanitizer")
     group.addoption(
-        "--gradsan", action="store_true", default=False,
+        "--gradsan",
+        action="store_true",
+        default=False,
         help="fail tests whose JAX/PyTorch gradients go NaN or Inf, with gradsan's report",
     )
     group.addoption(
-        "--gradsan-trace", action="store_true", default=False,
+        "--gradsan-trace",
+        action="store_true",
+        default=False,
         help="PyTorch: trace every backward so the report names the origin (slower)",
     )
 

@@ -268,8 +268,9 @@ def _has_tracer(tree: Any) -> bool:
 class _GuardedJax:
     """A jitted / grad function that checks each eager call's outputs with one fused flag."""
 
-    def __init__(self, hooks: Hooks, inner: Callable, kind: str, target: Callable,
-                 opts: dict) -> None:
+    def __init__(
+        self, hooks: Hooks, inner: Callable, kind: str, target: Callable, opts: dict
+    ) -> None:
         self._hooks = hooks
         self._inner = inner
         self._kind = kind
@@ -323,10 +324,20 @@ class _GuardedJax:
             return out
         report = self._replay(args, kwargs, out, fused)
         __tracebackhide__ = True
-        hooks.on_failure(Failure(
-            backend="jax", report=report, call=self._calls, label=self.label, fun=self._inner,
-            args=args, kwargs=kwargs, kind=self._kind, target=self._target, opts=self._opts,
-        ))
+        hooks.on_failure(
+            Failure(
+                backend="jax",
+                report=report,
+                call=self._calls,
+                label=self.label,
+                fun=self._inner,
+                args=args,
+                kwargs=kwargs,
+                kind=self._kind,
+                target=self._target,
+                opts=self._opts,
+            )
+        )
         return out
 
     def _replay(self, args: tuple, kwargs: dict, out: Any, fused: Any) -> Any:
@@ -334,12 +345,13 @@ class _GuardedJax:
 
         n_eqns = _count_eqns(self._inner, args, kwargs)
         size = f" ({n_eqns} equations)" if n_eqns else ""
-        _say(f"the {_ordinal(self._calls)} call of {self.label} returned NaN/Inf; "
-             f"replaying it through the interpreter{size}...")
+        _say(
+            f"the {_ordinal(self._calls)} call of {self.label} returned NaN/Inf; "
+            f"replaying it through the interpreter{size}..."
+        )
         t0 = time.perf_counter()
         trace_fun = (lambda *a, **k: fused(*a, **k)[0]) if fused is not None else None
-        report = diagnose(self._inner, args, kwargs, who="guard", outputs=out,
-                          trace_fun=trace_fun)
+        report = diagnose(self._inner, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
         _say(f"replay done in {time.perf_counter() - t0:.1f} s.")
         if not report.findings:
             report.notes.append(
@@ -364,7 +376,7 @@ def _count_eqns(fun: Callable, args: tuple, kwargs: dict) -> int:
         for e in jaxpr.eqns:
             n += 1
             for p in e.params.values():
-                for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                for sub in p if isinstance(p, (tuple, list)) else (p,):
                     inner = getattr(sub, "jaxpr", None)
                     if inner is not None and hasattr(inner, "eqns"):
                         n += count(inner)
@@ -469,8 +481,9 @@ def _patch_torch(hooks: Hooks, torch: Any) -> None:
             if kinks_only or bad:
                 report = _finish_session(session, frame)
                 if kinks_only and not bad:
-                    report.findings = [f for f in report.findings
-                                       if f.kind in ("kink", "convention")]
+                    report.findings = [
+                        f for f in report.findings if f.kind in ("kink", "convention")
+                    ]
                     if hooks.on_kinks is not None:
                         hooks.on_kinks(report, "the first backward call")
                     report = None
@@ -487,21 +500,36 @@ def _patch_torch(hooks: Hooks, torch: Any) -> None:
             report = _torch_summary(leaves, grads, frame)
         __tracebackhide__ = True
         where = _user_frame_text(3)
-        hooks.on_failure(Failure(backend="torch", report=report, call=call,
-                                 label=f"at {where}" if where else "(unknown line)",
-                                 tensors=_torch_tensors(leaves, frame), traced=traced))
+        hooks.on_failure(
+            Failure(
+                backend="torch",
+                report=report,
+                call=call,
+                label=f"at {where}" if where else "(unknown line)",
+                tensors=_torch_tensors(leaves, frame),
+                traced=traced,
+            )
+        )
 
     @functools.wraps(orig_backward)  # the tracer's TorchFunctionMode recognizes it by name
-    def backward(self: Any, gradient: Any = None, retain_graph: Any = None,
-                 create_graph: bool = False, inputs: Any = None) -> None:
+    def backward(
+        self: Any,
+        gradient: Any = None,
+        retain_graph: Any = None,
+        create_graph: bool = False,
+        inputs: Any = None,
+    ) -> None:
         __tracebackhide__ = True
         if not hooks.enabled or hooks.in_backward:  # re-entered through a TorchFunctionMode
             return orig_backward(self, gradient, retain_graph, create_graph, inputs)
         hooks.torch_calls += 1
         call = hooks.torch_calls
         checking = hooks.replay_step is None or call >= hooks.replay_step
-        leaves = (list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]) \
-            if inputs is not None else (_leaves_of([self]) if checking else [])
+        leaves = (
+            (list(inputs) if isinstance(inputs, (list, tuple)) else [inputs])
+            if inputs is not None
+            else (_leaves_of([self]) if checking else [])
+        )
         hooks.in_backward = True
         try:
             result = orig_backward(self, gradient, retain_graph, create_graph, inputs)
@@ -554,8 +582,17 @@ def _torch_summary(leaves: list, grads: list, frame: Any) -> Any:
         if g is not None and g.is_floating_point() and not all_finite(g):
             hits.append(output_hit(namer.name(p), g))
     report = Report(backend="torch", function="backward")
-    report.findings.append(Finding(kind="nonfinite", catalog_id=None, phase="gradient",
-                                   primitive="?", where=None, result="nan", outputs=hits))
+    report.findings.append(
+        Finding(
+            kind="nonfinite",
+            catalog_id=None,
+            phase="gradient",
+            primitive="?",
+            where=None,
+            result="nan",
+            outputs=hits,
+        )
+    )
     return report
 
 
@@ -570,8 +607,11 @@ def _namer_for(frame: Any) -> Any:
     if main is not None:
         scopes.append(vars(main))
     for scope in scopes:
-        mods = [(v, k) for k, v in list(scope.items())
-                if isinstance(v, torch.nn.Module) and not k.startswith("_")]
+        mods = [
+            (v, k)
+            for k, v in list(scope.items())
+            if isinstance(v, torch.nn.Module) and not k.startswith("_")
+        ]
         namer.add_modules(mods)
         namer.add_locals(dict(scope))
     return namer
@@ -641,8 +681,10 @@ def _write_jax_inputs(failure: Failure, d: str, meta: dict) -> None:
     import numpy as np
 
     leaves, treedef = jax.tree_util.tree_flatten((failure.args, failure.kwargs))
-    paths = [jax.tree_util.keystr(p) for p, _ in
-             jax.tree_util.tree_flatten_with_path((failure.args, failure.kwargs))[0]]
+    paths = [
+        jax.tree_util.keystr(p)
+        for p, _ in jax.tree_util.tree_flatten_with_path((failure.args, failure.kwargs))[0]
+    ]
     arrays, statics = {}, {}
     for i, x in enumerate(leaves):
         if hasattr(x, "dtype") and hasattr(x, "shape"):
@@ -655,8 +697,13 @@ def _write_jax_inputs(failure: Failure, d: str, meta: dict) -> None:
                 continue
         statics[i] = ("value", x)
     np.savez(os.path.join(d, "inputs.npz"), **arrays)
-    meta.update(n_leaves=len(leaves), paths=paths, kind=failure.kind, opts=failure.opts,
-                function=_target_ref(failure.target))
+    meta.update(
+        n_leaves=len(leaves),
+        paths=paths,
+        kind=failure.kind,
+        opts=failure.opts,
+        function=_target_ref(failure.target),
+    )
     try:
         blob = pickle.dumps({"treedef": treedef, "statics": statics})
         with open(os.path.join(d, "structure.pkl"), "wb") as fh:
@@ -666,8 +713,9 @@ def _write_jax_inputs(failure: Failure, d: str, meta: dict) -> None:
         meta["structure"] = None
         meta["structure_error"] = f"{type(e).__name__}: {e}"
     try:
-        text = str(jax.make_jaxpr(lambda *a, **k: failure.fun(*a, **k))(*failure.args,
-                                                                         **failure.kwargs))
+        text = str(
+            jax.make_jaxpr(lambda *a, **k: failure.fun(*a, **k))(*failure.args, **failure.kwargs)
+        )
         with open(os.path.join(d, "jaxpr.txt"), "w") as fh:
             fh.write(text + "\n")
     except Exception:  # pragma: no cover
@@ -677,8 +725,10 @@ def _write_jax_inputs(failure: Failure, d: str, meta: dict) -> None:
 def _write_torch_inputs(failure: Failure, d: str, meta: dict) -> None:
     import torch
 
-    torch.save({name: {"value": v, "grad": g} for name, (v, g) in failure.tensors.items()},
-               os.path.join(d, "inputs.pt"))
+    torch.save(
+        {name: {"value": v, "grad": g} for name, (v, g) in failure.tensors.items()},
+        os.path.join(d, "inputs.pt"),
+    )
     meta["tensors"] = sorted(failure.tensors)
 
 
@@ -752,8 +802,11 @@ def load_jax_repro(d: Any) -> tuple[Callable, tuple, dict, dict]:
             "lambda), so the reproducer cannot import it; its program is in jaxpr.txt. Move it "
             "to module level (or behind `if __name__ == '__main__':`) to get a runnable repro."
         )
-    mod = _load_script_module(meta["script"], meta["argv"]) if ref["module"] == "__main__" \
+    mod = (
+        _load_script_module(meta["script"], meta["argv"])
+        if ref["module"] == "__main__"
         else importlib.import_module(ref["module"])
+    )
     obj: Any = mod
     for part in ref["qualname"].split("."):
         obj = getattr(obj, part)
@@ -765,8 +818,10 @@ def load_jax_repro(d: Any) -> tuple[Callable, tuple, dict, dict]:
         base = getattr(obj, "__wrapped__", obj) if hasattr(obj, "_jit_info") else obj
         fun = getattr(jax, kind)(base, **opts) if kind in ("grad", "value_and_grad") else obj
     if meta.get("structure") is None:
-        raise RuntimeError(f"the inputs' pytree structure could not be saved "
-                           f"({meta.get('structure_error')}); inputs.npz holds the leaves.")
+        raise RuntimeError(
+            f"the inputs' pytree structure could not be saved "
+            f"({meta.get('structure_error')}); inputs.npz holds the leaves."
+        )
 
     class _Unpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
@@ -854,8 +909,9 @@ def _run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failur
     return code, failure
 
 
-def replay_torch(script: str, argv: list[str], step: int, result: dict,
-                 cwd: str | None = None) -> int:
+def replay_torch(
+    script: str, argv: list[str], step: int, result: dict, cwd: str | None = None
+) -> int:
     """Re-run ``script`` with checks off before backward call ``step`` and that call traced."""
 
     def on_failure(f: Failure) -> None:
@@ -880,10 +936,22 @@ def _replay_in_child(script: str, argv: list[str], step: int, workdir: str) -> A
 
     out = os.path.join(workdir, "replay.pkl")
     log = os.path.join(workdir, "replay.log")
-    cmd = [sys.executable, "-m", "gradsan", "run", "--replay-step", str(step),
-           "--replay-out", out, script, *argv]
-    _say(f"re-running the script up to backward call {step} with the tracer on "
-         "(the forward is gone after backward; --trace avoids the re-run)...")
+    cmd = [
+        sys.executable,
+        "-m",
+        "gradsan",
+        "run",
+        "--replay-step",
+        str(step),
+        "--replay-out",
+        out,
+        script,
+        *argv,
+    ]
+    _say(
+        f"re-running the script up to backward call {step} with the tracer on "
+        "(the forward is gone after backward; --trace avoids the re-run)..."
+    )
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
@@ -934,8 +1002,7 @@ def run(
                 pickle.dump(failure and {"report": failure.report}, fh)
         return code
 
-    hooks = Hooks(on_failure, trace_from=1 if trace else None, sanitize=sanitize,
-                  on_kinks=on_kinks)
+    hooks = Hooks(on_failure, trace_from=1 if trace else None, sanitize=sanitize, on_kinks=on_kinks)
     code, failure = _run_script(script, argv, hooks)
     if failure is not None:
         if failure.backend == "torch" and not failure.traced:
@@ -948,13 +1015,21 @@ def run(
             else:
                 failure.report.notes.append(
                     "the re-run of the script did not reproduce the non-finite gradient (is it "
-                    "seeded?); run it with `gradsan run --trace` to trace every step instead.")
+                    "seeded?); run it with `gradsan run --trace` to trace every step instead."
+                )
         _say(failure.header)
         print(str(failure.report), file=sys.stderr, flush=True)
         d = write_repro(failure, script, argv, repro_dir)
         _say(f"reproducer written to {os.path.relpath(d)}/ (python {os.path.relpath(d)}/repro.py)")
-        reports.append({"kind": "nonfinite", "call": failure.call, "label": failure.label,
-                        "repro": d, **json.loads(failure.report.to_json())})
+        reports.append(
+            {
+                "kind": "nonfinite",
+                "call": failure.call,
+                "label": failure.label,
+                "repro": d,
+                **json.loads(failure.report.to_json()),
+            }
+        )
     if json_path:
         with open(json_path, "w") as fh:
             json.dump({"exit_code": code, "reports": reports}, fh, indent=2)
@@ -966,25 +1041,43 @@ def add_run_parser(sub: Any) -> None:
     import argparse
 
     p = sub.add_parser(
-        "run", help="run a Python script with gradsan's guard on every gradient",
+        "run",
+        help="run a Python script with gradsan's guard on every gradient",
         description="Run SCRIPT as __main__ with every JAX jit/grad and every PyTorch backward "
         "checked for NaN/Inf (one fused check per call). At the first non-finite gradient: "
         "print the explanation, write gradsan-repro-<time>/ and exit with status 3.",
     )
-    p.add_argument("--trace", action="store_true",
-                   help="PyTorch: trace every step (slower) instead of re-running the script "
-                   "up to the failing step")
-    p.add_argument("--sanitize", action="store_true",
-                   help="also report kinks (abs/relu at 0, ties) on the first call of each "
-                   "function, without stopping")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="PyTorch: trace every step (slower) instead of re-running the script "
+        "up to the failing step",
+    )
+    p.add_argument(
+        "--sanitize",
+        action="store_true",
+        help="also report kinks (abs/relu at 0, ties) on the first call of each "
+        "function, without stopping",
+    )
     p.add_argument("--json", metavar="FILE", help="write the reports as JSON to FILE")
-    p.add_argument("--repro-dir", metavar="DIR",
-                   help="where to write the reproducer (default gradsan-repro-<time>/)")
+    p.add_argument(
+        "--repro-dir",
+        metavar="DIR",
+        help="where to write the reproducer (default gradsan-repro-<time>/)",
+    )
     p.add_argument("--replay-step", type=int, metavar="N", help=argparse.SUPPRESS)
     p.add_argument("--replay-out", metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("script", help="the Python script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
-    p.set_defaults(fn=lambda a: run(
-        a.script, a.args, trace=a.trace, sanitize=a.sanitize, json_path=a.json,
-        repro_dir=a.repro_dir, replay_step=a.replay_step, replay_out=a.replay_out,
-    ))
+    p.set_defaults(
+        fn=lambda a: run(
+            a.script,
+            a.args,
+            trace=a.trace,
+            sanitize=a.sanitize,
+            json_path=a.json,
+            repro_dir=a.repro_dir,
+            replay_step=a.replay_step,
+            replay_out=a.replay_out,
+        )
+    )

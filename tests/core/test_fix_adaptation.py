@@ -30,5 +30,8 @@ def test_long_operand_is_bound_first():
 
 
 def test_unknown_shapes_are_left_alone():
-    assert adapt_fix("y = a ** (p / 2)", frame("    A = jnp.sqrt(A)", "jnp.sqrt(A)")) == "y = a ** (p / 2)"
+    assert (
+        adapt_fix("y = a ** (p / 2)", frame("    A = jnp.sqrt(A)", "jnp.sqrt(A)"))
+        == "y = a ** (p / 2)"
+    )
     assert adapt_fix("y = f(x)", None) == "y = f(x)"

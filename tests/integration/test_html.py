@@ -14,9 +14,15 @@ def sample_report() -> Report:
     code = "    dist = jnp.sqrt(jnp.sum(d**2, axis=-1)) if a < b else x"
     where = Frame("loss.py", 7, column=11, end_column=43, function="loss", code=code)
     f = Finding(
-        kind="nonfinite", catalog_id="sqrt-at-zero", phase="gradient", primitive="sqrt",
-        where=where, zero_from=Frame("loss.py", 8, function="loss", code="return d * 0"),
-        form="0*inf", met_op="mul", values="sqrt got 0.0 in 2 of 4 elements",
+        kind="nonfinite",
+        catalog_id="sqrt-at-zero",
+        phase="gradient",
+        primitive="sqrt",
+        where=where,
+        zero_from=Frame("loss.py", 8, function="loss", code="return d * 0"),
+        form="0*inf",
+        met_op="mul",
+        values="sqrt got 0.0 in 2 of 4 elements",
         outputs=[OutputHit("theta", 1, 1, 1, 0, "grad")],
         explanation="sqrt is continuous at 0 but its slope there is infinite.",
         suggestions=["Use gradsan's safe sqrt:\ny = gradsan.jax.safe.sqrt(x)"],
@@ -47,10 +53,20 @@ def test_chromium_renders_the_report(tmp_path):
     page = tmp_path / "report.html"
     page.write_text(render_html(sample_report()))
     png = tmp_path / "out.png"
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={png}",
-           "--window-size=1200,900", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run",
-           f"--user-data-dir={tmp_path / 'profile'}", page.as_uri()]
+    cmd = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--screenshot={png}",
+        "--window-size=1200,900",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        page.as_uri(),
+    ]
     try:
         subprocess.run(cmd, capture_output=True, timeout=60)
     except subprocess.TimeoutExpired:

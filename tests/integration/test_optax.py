@@ -31,8 +31,12 @@ def test_raise_mode_explains_eagerly():
 @pytest.mark.parametrize("jit", [False, True])
 def test_skip_mode_counts_and_explains(jit):
     seen = []
-    tx = guard_finite(optax.adam(0.1), explain_fn=jax.grad(loss), mode="skip",
-                      on_report=lambda r, step: seen.append((step, r)))
+    tx = guard_finite(
+        optax.adam(0.1),
+        explain_fn=jax.grad(loss),
+        mode="skip",
+        on_report=lambda r, step: seen.append((step, r)),
+    )
     state = tx.init(PARAMS)
 
     def step(params, state, x):

@@ -41,23 +41,27 @@ def test_gradsan_option_fails_nan_tests_with_a_section(pytester):
     pytester.makepyfile(test_jax=JAX_TESTS)
     r = pytester.runpytest_subprocess("--gradsan", "-p", "no:cacheprovider")
     r.assert_outcomes(passed=3, failed=2)
-    r.stdout.fnmatch_lines([
-        "*- gradsan -*",
-        "*the 1st call of `loss` (jax.grad) returned NaN/Inf*",
-        "*sqrt at test_jax.py:5 (loss)*",
-    ])
+    r.stdout.fnmatch_lines(
+        [
+            "*- gradsan -*",
+            "*the 1st call of `loss` (jax.grad) returned NaN/Inf*",
+            "*sqrt at test_jax.py:5 (loss)*",
+        ]
+    )
     r.stdout.fnmatch_lines(["*the 2nd call of `step` (jax.jit) returned NaN/Inf*"])
     r.stdout.no_fnmatch_line("*_run.py*")
 
 
 def test_without_the_option_nothing_is_checked(pytester):
-    pytester.makepyfile(test_plain="""
+    pytester.makepyfile(
+        test_plain="""
         import sys
         def test_no_backend(gradsan_check):
             assert "jax" not in sys.modules and "torch" not in sys.modules
         def test_nan_is_allowed():
             assert float("nan") != float("nan")
-    """)
+    """
+    )
     r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     r.assert_outcomes(passed=2)
 
@@ -70,7 +74,8 @@ def test_help_lists_the_options(pytester):
 @pytest.mark.slow
 def test_torch_backward_and_fixture(pytester):
     pytest.importorskip("torch")
-    pytester.makepyfile(test_torch="""
+    pytester.makepyfile(
+        test_torch="""
         import torch, pytest
         import gradsan
 
@@ -83,7 +88,8 @@ def test_torch_backward_and_fixture(pytester):
             with pytest.raises(gradsan.NonFiniteError):
                 with gradsan_check():
                     torch.sqrt((x * x).sum()).backward()
-    """)
+    """
+    )
     r = pytester.runpytest_subprocess("--gradsan", "--gradsan-trace", "-p", "no:cacheprovider")
     r.assert_outcomes(passed=1, failed=1)
     r.stdout.fnmatch_lines(["*- gradsan -*", "*the 1st backward call*", "*test_torch.py:6*"])

@@ -57,9 +57,11 @@ def test_bad_mode_is_rejected():
         GradGuard(torch.nn.Linear(1, 1), mode="warn")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lightning") is None
-                    and importlib.util.find_spec("pytorch_lightning") is None,
-                    reason="lightning is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None
+    and importlib.util.find_spec("pytorch_lightning") is None,
+    reason="lightning is not installed",
+)
 def test_lightning_callback_is_a_callback():  # pragma: no cover - needs lightning
     from gradsan.integrations.lightning import GradsanCallback
 
@@ -69,7 +71,9 @@ def test_lightning_callback_is_a_callback():  # pragma: no cover - needs lightni
 def test_lightning_module_imports_without_lightning():
     import gradsan.integrations.lightning as gl
 
-    if importlib.util.find_spec("lightning") is None and \
-            importlib.util.find_spec("pytorch_lightning") is None:
+    if (
+        importlib.util.find_spec("lightning") is None
+        and importlib.util.find_spec("pytorch_lightning") is None
+    ):
         with pytest.raises(ImportError, match="pip install lightning"):
             gl.GradsanCallback  # noqa: B018

@@ -24,8 +24,10 @@ def run(f, x0, directions=None):
 
 
 def ray_grads(d):
-    return [None if v["gradient"] is None else [np.asarray(g) for g in v["gradient"]]
-            for v in d["verdicts"]]
+    return [
+        None if v["gradient"] is None else [np.asarray(g) for g in v["gradient"]]
+        for v in d["verdicts"]
+    ]
 
 
 def grad_beside(loss, x):

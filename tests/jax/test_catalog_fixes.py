@@ -13,26 +13,48 @@ import gradsan.jax  # noqa: F401  (gradsan.jax.safe in the fixes' namespace)
 
 # the singular point of each entry, as (x, y)
 POINTS = {
-    "sqrt-at-zero": (0.0, None), "rsqrt-at-zero": (0.0, None), "cbrt-at-zero": (0.0, None),
-    "pow-fractional-at-zero": (0.0, None), "div-by-zero": (1.0, 0.0), "log-at-zero": (0.0, None),
-    "log1p-at-minus-one": (-1.0, None), "log2-at-zero": (0.0, None), "log10-at-zero": (0.0, None),
-    "xlogy-at-zero": (0.0, 0.0), "atan2-at-origin": (0.0, 0.0), "acos-at-one": (1.0, None),
-    "asin-at-one": (1.0, None), "atanh-at-one": (1.0, None), "norm-at-zero": ([0.0, 0.0], None),
-    "std-of-constant": ([1.0, 1.0, 1.0], None), "var-of-constant": ([1.0, 1.0, 1.0], None),
-    "hypot-at-origin": (0.0, 0.0), "sqrt-of-negative": (-1.0, None), "acosh-at-one": (1.0, None),
+    "sqrt-at-zero": (0.0, None),
+    "rsqrt-at-zero": (0.0, None),
+    "cbrt-at-zero": (0.0, None),
+    "pow-fractional-at-zero": (0.0, None),
+    "div-by-zero": (1.0, 0.0),
+    "log-at-zero": (0.0, None),
+    "log1p-at-minus-one": (-1.0, None),
+    "log2-at-zero": (0.0, None),
+    "log10-at-zero": (0.0, None),
+    "xlogy-at-zero": (0.0, 0.0),
+    "atan2-at-origin": (0.0, 0.0),
+    "acos-at-one": (1.0, None),
+    "asin-at-one": (1.0, None),
+    "atanh-at-one": (1.0, None),
+    "norm-at-zero": ([0.0, 0.0], None),
+    "std-of-constant": ([1.0, 1.0, 1.0], None),
+    "var-of-constant": ([1.0, 1.0, 1.0], None),
+    "hypot-at-origin": (0.0, 0.0),
+    "sqrt-of-negative": (-1.0, None),
+    "acosh-at-one": (1.0, None),
     "erf-inv-at-one": (1.0, None),
-    "pow-negative-at-zero": (0.0, None), "pow-negative-base": (-1.0, None),
+    "pow-negative-at-zero": (0.0, None),
+    "pow-negative-base": (-1.0, None),
 }
 # other placeholders a fix may use, per entry (the exponent p)
-EXTRA = {"pow-fractional-at-zero": {"p": 0.5}, "pow-negative-at-zero": {"p": -0.5},
-         "pow-negative-base": {"p": 1.5}}
+EXTRA = {
+    "pow-fractional-at-zero": {"p": 0.5},
+    "pow-negative-at-zero": {"p": -0.5},
+    "pow-negative-base": {"p": 1.5},
+}
 KNOWN = {"jnp", "jax", "gradsan", "np", "x", "y", "True", "False", "None"}
 
 
 def _free_names(code: str) -> set[str]:
     tree = ast.parse(code)
-    assigned = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
-                for t in n.targets if isinstance(t, ast.Name)}
+    assigned = {
+        t.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return used - assigned - KNOWN - set(dir(__builtins__))
 
@@ -59,8 +81,15 @@ def test_fix_runs_and_gives_a_finite_gradient(entry_id, code, point):
     target = _result_name(code)
 
     def f(x, y):
-        ns = {"jnp": jnp, "jax": jax, "gradsan": gradsan, "np": np, "x": x, "y": y,
-              **EXTRA.get(entry_id, {})}
+        ns = {
+            "jnp": jnp,
+            "jax": jax,
+            "gradsan": gradsan,
+            "np": np,
+            "x": x,
+            "y": y,
+            **EXTRA.get(entry_id, {}),
+        }
         exec(code, ns)
         return jnp.sum(ns[target])
 

@@ -38,47 +38,197 @@ def fprimes(d):
 #  expected label, expected report.outputs (None: no number))
 V2 = [np.array([0.6, -0.8]), np.array([-0.6, 0.8])]
 CASES = [
-    ("sqrt(x)*sqrt(x)", lambda x: jnp.sqrt(x) * jnp.sqrt(x), 0.0, PM,
-     ["DEFINED", "DOMAIN"], [1.0, None], "gradient", 1.0),
-    ("exp(log x)", lambda x: jnp.exp(jnp.log(x)), 0.0, PM,
-     ["DEFINED", "DOMAIN"], [1.0, None], "gradient", 1.0),
-    ("exp(2 log x)", lambda x: jnp.exp(2 * jnp.log(x)), 0.0, PM,
-     ["DEFINED", "DOMAIN"], [0.0, None], "gradient", 0.0),
-    ("x log x", lambda x: x * jnp.log(x), 0.0, PM,
-     ["SINGULAR", "DOMAIN"], [None, None], "singular", None),
-    ("x sqrt x", lambda x: x * jnp.sqrt(x), 0.0, PM,
-     ["DEFINED", "DOMAIN"], [0.0, None], "gradient", 0.0),
-    ("sqrt(x^2)", lambda x: jnp.sqrt(x ** 2), 0.0, PM,
-     ["DEFINED", "DEFINED"], [1.0, -1.0], "clarke-subgradient", 0.0),
-    ("cbrt(x)^3", lambda x: jnp.cbrt(x) ** 3, 0.0, PM,
-     ["DEFINED", "DEFINED"], [1.0, 1.0], "gradient", 1.0),
-    ("x^.3 x^.7", lambda x: x ** 0.3 * x ** 0.7, 0.0, PM,
-     ["DEFINED", "DOMAIN"], [1.0, None], "gradient", 1.0),
-    ("x rsqrt x", lambda x: x * jax.lax.rsqrt(x), 0.0, PM,
-     ["SINGULAR", "DOMAIN"], [None, None], "singular", None),
-    ("x/x", lambda x: x / x, 0.0, PM,
-     ["REMOVABLE", "REMOVABLE"], [0.0, 0.0], "gradient", 0.0),
-    ("acos(1-x^2)", lambda x: jnp.arccos(1 - x ** 2), 0.0, PM,
-     ["DEFINED", "DEFINED"], [RT2, -RT2], "clarke-subgradient", 0.0),
-    ("relu(x)-relu(-x)", lambda x: jax.nn.relu(x) - jax.nn.relu(-x), 0.0, PM,
-     ["DEFINED", "DEFINED"], [1.0, 1.0], "gradient", 1.0),
-    ("where(x>0,sqrt x,0) at -1", lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0), -1.0, PM,
-     ["DEFINED", "DEFINED"], [0.0, 0.0], "gradient", 0.0),
-    ("where(x>0,sqrt x,0) at 0", lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0), 0.0, PM,
-     ["SINGULAR", "DEFINED"], [None, 0.0], "singular", None),
-    ("where(x>0,log x,0) at 0", lambda x: jnp.where(x > 0, jnp.log(x), 0.0), 0.0, PM,
-     ["SINGULAR", "DEFINED"], [None, 0.0], "singular", None),
-    ("norm(x,y)", lambda x: jnp.linalg.norm(x), np.zeros(2), V2,
-     ["DEFINED", "DEFINED"], [V2[0], V2[1]], "clarke-subgradient", np.zeros(2)),
-    ("sqrt(hypot(x,y))", lambda x: jnp.sqrt(jnp.hypot(x[0], x[1])), np.zeros(2), V2,
-     ["SINGULAR", "SINGULAR"], [None, None], "singular", None),
-    ("x^2/hypot(x,y)", lambda x: x[0] ** 2 / jnp.hypot(x[0], x[1]), np.zeros(2), V2,
-     ["REMOVABLE", "REMOVABLE"], "two-different", "clarke-subgradient", "any"),
-    ("atan2(y,x)", lambda x: jnp.arctan2(x[1], x[0]), np.zeros(2), V2,
-     ["DISCONTINUOUS", "DISCONTINUOUS"], [None, None], "singular", None),
-    ("sqrt(x^2+y^4)+y", lambda x: jnp.sqrt(x[0] ** 2 + x[1] ** 4) + x[1], np.zeros(2), V2,
-     ["DEFINED", "DEFINED"], [np.array([1.0, 1.0]), np.array([-1.0, 1.0])],
-     "clarke-subgradient", np.array([0.0, 1.0])),
+    (
+        "sqrt(x)*sqrt(x)",
+        lambda x: jnp.sqrt(x) * jnp.sqrt(x),
+        0.0,
+        PM,
+        ["DEFINED", "DOMAIN"],
+        [1.0, None],
+        "gradient",
+        1.0,
+    ),
+    (
+        "exp(log x)",
+        lambda x: jnp.exp(jnp.log(x)),
+        0.0,
+        PM,
+        ["DEFINED", "DOMAIN"],
+        [1.0, None],
+        "gradient",
+        1.0,
+    ),
+    (
+        "exp(2 log x)",
+        lambda x: jnp.exp(2 * jnp.log(x)),
+        0.0,
+        PM,
+        ["DEFINED", "DOMAIN"],
+        [0.0, None],
+        "gradient",
+        0.0,
+    ),
+    (
+        "x log x",
+        lambda x: x * jnp.log(x),
+        0.0,
+        PM,
+        ["SINGULAR", "DOMAIN"],
+        [None, None],
+        "singular",
+        None,
+    ),
+    (
+        "x sqrt x",
+        lambda x: x * jnp.sqrt(x),
+        0.0,
+        PM,
+        ["DEFINED", "DOMAIN"],
+        [0.0, None],
+        "gradient",
+        0.0,
+    ),
+    (
+        "sqrt(x^2)",
+        lambda x: jnp.sqrt(x**2),
+        0.0,
+        PM,
+        ["DEFINED", "DEFINED"],
+        [1.0, -1.0],
+        "clarke-subgradient",
+        0.0,
+    ),
+    (
+        "cbrt(x)^3",
+        lambda x: jnp.cbrt(x) ** 3,
+        0.0,
+        PM,
+        ["DEFINED", "DEFINED"],
+        [1.0, 1.0],
+        "gradient",
+        1.0,
+    ),
+    (
+        "x^.3 x^.7",
+        lambda x: x**0.3 * x**0.7,
+        0.0,
+        PM,
+        ["DEFINED", "DOMAIN"],
+        [1.0, None],
+        "gradient",
+        1.0,
+    ),
+    (
+        "x rsqrt x",
+        lambda x: x * jax.lax.rsqrt(x),
+        0.0,
+        PM,
+        ["SINGULAR", "DOMAIN"],
+        [None, None],
+        "singular",
+        None,
+    ),
+    ("x/x", lambda x: x / x, 0.0, PM, ["REMOVABLE", "REMOVABLE"], [0.0, 0.0], "gradient", 0.0),
+    (
+        "acos(1-x^2)",
+        lambda x: jnp.arccos(1 - x**2),
+        0.0,
+        PM,
+        ["DEFINED", "DEFINED"],
+        [RT2, -RT2],
+        "clarke-subgradient",
+        0.0,
+    ),
+    (
+        "relu(x)-relu(-x)",
+        lambda x: jax.nn.relu(x) - jax.nn.relu(-x),
+        0.0,
+        PM,
+        ["DEFINED", "DEFINED"],
+        [1.0, 1.0],
+        "gradient",
+        1.0,
+    ),
+    (
+        "where(x>0,sqrt x,0) at -1",
+        lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0),
+        -1.0,
+        PM,
+        ["DEFINED", "DEFINED"],
+        [0.0, 0.0],
+        "gradient",
+        0.0,
+    ),
+    (
+        "where(x>0,sqrt x,0) at 0",
+        lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0),
+        0.0,
+        PM,
+        ["SINGULAR", "DEFINED"],
+        [None, 0.0],
+        "singular",
+        None,
+    ),
+    (
+        "where(x>0,log x,0) at 0",
+        lambda x: jnp.where(x > 0, jnp.log(x), 0.0),
+        0.0,
+        PM,
+        ["SINGULAR", "DEFINED"],
+        [None, 0.0],
+        "singular",
+        None,
+    ),
+    (
+        "norm(x,y)",
+        lambda x: jnp.linalg.norm(x),
+        np.zeros(2),
+        V2,
+        ["DEFINED", "DEFINED"],
+        [V2[0], V2[1]],
+        "clarke-subgradient",
+        np.zeros(2),
+    ),
+    (
+        "sqrt(hypot(x,y))",
+        lambda x: jnp.sqrt(jnp.hypot(x[0], x[1])),
+        np.zeros(2),
+        V2,
+        ["SINGULAR", "SINGULAR"],
+        [None, None],
+        "singular",
+        None,
+    ),
+    (
+        "x^2/hypot(x,y)",
+        lambda x: x[0] ** 2 / jnp.hypot(x[0], x[1]),
+        np.zeros(2),
+        V2,
+        ["REMOVABLE", "REMOVABLE"],
+        "two-different",
+        "clarke-subgradient",
+        "any",
+    ),
+    (
+        "atan2(y,x)",
+        lambda x: jnp.arctan2(x[1], x[0]),
+        np.zeros(2),
+        V2,
+        ["DISCONTINUOUS", "DISCONTINUOUS"],
+        [None, None],
+        "singular",
+        None,
+    ),
+    (
+        "sqrt(x^2+y^4)+y",
+        lambda x: jnp.sqrt(x[0] ** 2 + x[1] ** 4) + x[1],
+        np.zeros(2),
+        V2,
+        ["DEFINED", "DEFINED"],
+        [np.array([1.0, 1.0]), np.array([-1.0, 1.0])],
+        "clarke-subgradient",
+        np.array([0.0, 1.0]),
+    ),
 ]
 
 
@@ -127,7 +277,7 @@ def test_seed_zygote_case_against_mpmath():
     A0 = jnp.array([[1.0, 0.0], [0.0, 3.0]])
 
     def loss(theta):
-        return jnp.sqrt(jnp.sum((jnp.sqrt(A0 ** theta) - A0) ** 2))
+        return jnp.sqrt(jnp.sum((jnp.sqrt(A0**theta) - A0) ** 2))
 
     assert np.isnan(jax.grad(loss)(4.0))  # plain AD: 0 * inf
     r = gsj.certify(jax.grad(loss))(4.0)
@@ -135,8 +285,9 @@ def test_seed_zygote_case_against_mpmath():
     assert fd.detail["label"] == "gradient"
     assert all(v == "DEFINED" for v in verdicts(fd.detail))
     mpmath.mp.dps = 30
-    exact = mpmath.diff(lambda th: mpmath.sqrt((mpmath.sqrt(mpmath.mpf(3) ** th) - 3) ** 2),
-                        mpmath.mpf(4))
+    exact = mpmath.diff(
+        lambda th: mpmath.sqrt((mpmath.sqrt(mpmath.mpf(3) ** th) - 3) ** 2), mpmath.mpf(4)
+    )
     assert abs(float(r.outputs) - float(exact)) < 1e-12
     assert abs(float(r.outputs) - 0.5 * math.log(3) * 9) < 1e-12
     assert abs(float(r.outputs) - 4.9438) < 1e-4
@@ -153,8 +304,7 @@ def test_brief_examples():
     assert "not differentiable" in d["certificate"]
     r, d = run(lambda x: jnp.sqrt(jnp.linalg.norm(x)), np.zeros(3))
     assert d["label"] == "singular" and r.outputs is None
-    for f in (lambda x: jnp.exp(jnp.log(x)), lambda x: jnp.cbrt(x) ** 3,
-              lambda x: x ** 0.3 * x ** 0.7):
+    for f in (lambda x: jnp.exp(jnp.log(x)), lambda x: jnp.cbrt(x) ** 3, lambda x: x**0.3 * x**0.7):
         r, d = run(f, 0.0, [1.0])
         assert float(r.outputs) == pytest.approx(1.0, abs=1e-12)
     r, d = run(lambda x: jnp.where(x > 0, jnp.sqrt(x), 0.0), 0.0, [1.0])
@@ -185,6 +335,7 @@ def test_smooth_programs_match_plain_ad():
 
 def test_control_flow_scan_cond_while_sort_max():
     with jax.enable_x64(True):
+
         def f_scan(x):
             return jax.lax.scan(lambda c, y: (jnp.sin(c * y), c), x, jnp.arange(1.0, 4.0))[0]
 
@@ -193,15 +344,19 @@ def test_control_flow_scan_cond_while_sort_max():
         assert float(r.outputs) == pytest.approx(float(ref), rel=1e-10)
         r, _ = run(lambda x: jax.lax.cond(x > 0, jnp.sin, jnp.cos, x), 0.3)
         assert float(r.outputs) == pytest.approx(math.cos(0.3), rel=1e-12)
-        r, _ = run(lambda x: jax.lax.while_loop(lambda c: c[1] < 3,
-                                                lambda c: (c[0] * c[0], c[1] + 1), (x, 0))[0], 1.1)
-        assert float(r.outputs) == pytest.approx(8 * 1.1 ** 7, rel=1e-10)
+        r, _ = run(
+            lambda x: jax.lax.while_loop(
+                lambda c: c[1] < 3, lambda c: (c[0] * c[0], c[1] + 1), (x, 0)
+            )[0],
+            1.1,
+        )
+        assert float(r.outputs) == pytest.approx(8 * 1.1**7, rel=1e-10)
     r, d = run(lambda x: jnp.sort(x)[0] * 2 + jnp.sort(x)[2], jnp.array([3.0, 1.0, 2.0]))
     np.testing.assert_allclose(r.outputs, [1.0, 2.0, 0.0])
     r, d = run(lambda x: jnp.max(x), jnp.array([1.0, 1.0, 0.0]))  # a tie: a kink
     assert d["label"] == "clarke-subgradient"
     np.testing.assert_allclose(r.outputs, [0.5, 0.5, 0.0])
-    r, d = run(lambda x: jnp.cumsum(x ** 2)[-1], jnp.array([1.0, 3.0, 0.0]))
+    r, d = run(lambda x: jnp.cumsum(x**2)[-1], jnp.array([1.0, 3.0, 0.0]))
     np.testing.assert_allclose(r.outputs, [2.0, 6.0, 0.0])
 
 
@@ -228,7 +383,7 @@ def test_usage_errors():
         gsj.certify(lambda x: x * 2)(jnp.ones(2))
 
     def step(p):
-        return p - 0.1 * jax.grad(lambda q: jnp.sum(q ** 2))(p)
+        return p - 0.1 * jax.grad(lambda q: jnp.sum(q**2))(p)
 
     with pytest.raises(gradsan.UsageError, match="training step"):
         gsj.certify(step)(jnp.ones(2))
@@ -256,8 +411,7 @@ def test_argnums_other_than_zero(argnums):
     r = gsj.certify(g)(d, d, 3.0)
     assert r.findings[0].detail["label"] == "clarke-subgradient"
     name = r.findings[0].outputs[0].path
-    assert name == {1: "w", -2: "w", (1,): "w", (1, 2): "(w, scale)", (2, 1): "(scale, w)"}[
-        argnums]
+    assert name == {1: "w", -2: "w", (1,): "w", (1, 2): "(w, scale)", (2, 1): "(scale, w)"}[argnums]
     if argnums in ((1, 2), (2, 1)):
         gs = dict(zip(argnums, r.outputs))
         assert float(gs[2]) == pytest.approx(1.0 / (2 * np.sqrt(3.0)), rel=1e-12)
@@ -279,8 +433,9 @@ def test_minus_inf_masks_are_hard_infinities():
     assert r.findings[0].detail["label"] == "gradient"
     np.testing.assert_allclose(r.outputs, np.asarray(jax.grad(_masked_attention)(x)), rtol=1e-6)
     # at x = 0 the norm has a kink (jax.grad: NaN); the softmax part still has its gradient
-    r = gsj.certify(_masked_attention, directions=[jnp.array([1.0, 0, 0]),
-                                                    jnp.array([-1.0, 0, 0])])(jnp.zeros(3))
+    r = gsj.certify(
+        _masked_attention, directions=[jnp.array([1.0, 0, 0]), jnp.array([-1.0, 0, 0])]
+    )(jnp.zeros(3))
     assert r.findings[0].detail["label"] == "clarke-subgradient"
     # softmax([x0, x1]) . [1, 2] has gradient [-0.25, 0.25] at 0; the norm adds +-e0
     lims = [v["gradient"][0] for v in r.findings[0].detail["verdicts"]]
@@ -289,7 +444,8 @@ def test_minus_inf_masks_are_hard_infinities():
 
     def lse(x):
         return jax.nn.logsumexp(jnp.where(_MASK, x, -jnp.inf)) + jnp.max(
-            jnp.concatenate([x, jnp.array([-jnp.inf])]))
+            jnp.concatenate([x, jnp.array([-jnp.inf])])
+        )
 
     r = gsj.certify(lse)(x)
     assert r.findings[0].detail["label"] == "gradient"
@@ -329,7 +485,9 @@ def test_pow_of_a_negative_base_is_nan_like_ieee():
     assert np.isnan(float(f(-8.0)))
     r = gsj.certify(f, directions=[1.0, -1.0])(-8.0)
     assert r.outputs is None and [v["verdict"] for v in r.findings[0].detail["verdicts"]] == [
-        "DOMAIN", "DOMAIN"]
+        "DOMAIN",
+        "DOMAIN",
+    ]
     r = gsj.certify(jnp.cbrt, directions=[1.0, -1.0])(-8.0)
     assert float(r.outputs) == pytest.approx(1.0 / 12.0, rel=1e-12)
     r = gsj.certify(lambda x: jnp.power(x, 3.0), directions=[1.0, -1.0])(-2.0)  # integer: fine
@@ -353,12 +511,10 @@ def test_float_exponents_and_zero_bases():
 
 def test_atan2_of_an_infinite_argument_is_constant():
     """atan2(y, log(0)) = atan2(y, -inf) = sign(y) pi for each t; atan2(y, +inf) = 0."""
-    r = gsj.certify(lambda x: jnp.arctan2(x + 1.0, jnp.log(x - x)) + x,
-                    directions=[1.0, -1.0])(0.0)
+    r = gsj.certify(lambda x: jnp.arctan2(x + 1.0, jnp.log(x - x)) + x, directions=[1.0, -1.0])(0.0)
     assert _label(r) == "gradient" and float(r.outputs) == 1.0
     assert [v["limit"] for v in r.findings[0].detail["verdicts"]] == [np.pi, np.pi]
-    r = gsj.certify(lambda x: jnp.arctan2(x, -jnp.log(x - x)) + x ** 2,
-                    directions=[1.0, -1.0])(0.0)
+    r = gsj.certify(lambda x: jnp.arctan2(x, -jnp.log(x - x)) + x**2, directions=[1.0, -1.0])(0.0)
     assert _label(r) == "gradient" and float(r.outputs) == 0.0
 
 
@@ -366,6 +522,7 @@ def test_angle_between_equal_vectors_is_a_kink_not_a_jump():
     """arccos(u.v / (|u| |v|)) at u = v: the argument is 1 up to rounding (0.9999999999999998),
     and f(x0) in floating point is 2e-8 (float32 data: 1.7e-4). The angle is |u - v|-like: a
     Clarke subgradient, not the discontinuity that rounding would suggest."""
+
     def angle(u, v):
         return jnp.arccos(jnp.dot(u, v) / (jnp.linalg.norm(u) * jnp.linalg.norm(v)))
 
@@ -387,23 +544,34 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
 
     x = jnp.zeros(2)
     eqn = jax.make_jaxpr(jax.lax.sort)(x).eqns[0]
-    a = S.mk({(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0):
-              np.array([0.0, 1.0])}, np.array([1.0, np.inf]), np.zeros(2, np.int8), (2,))
+    a = S.mk(
+        {(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0): np.array([0.0, 1.0])},
+        np.array([1.0, np.inf]),
+        np.zeros(2, np.int8),
+        (2,),
+    )
     outs, _ = C.FWD["sort"](C.Ctx(), eqn, [a], [True])
     assert (outs[0].bad != 0).all()
-    b = S.mk({(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0):
-              np.array([2.0, 1.0])}, np.array([np.inf, np.inf]), np.zeros(2, np.int8), (2,))
+    b = S.mk(
+        {(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0): np.array([2.0, 1.0])},
+        np.array([np.inf, np.inf]),
+        np.zeros(2, np.int8),
+        (2,),
+    )
     outs, _ = C.FWD["sort"](C.Ctx(), eqn, [b], [True])  # exact: decided
     assert (outs[0].bad == 0).all()
     np.testing.assert_array_equal(outs[0].terms[(S.q(Fraction(1)), 0)], [1.0, 2.0])
 
 
-@pytest.mark.parametrize("op,x0,limits", [
-    (jnp.floor, 1.0, [2.0, 1.0]),   # floor(1 + t) + (1 + t) -> 2, floor(1 - t) + (1 - t) -> 1
-    (jnp.ceil, 1.0, [3.0, 2.0]),
-    (jnp.round, 0.5, [1.5, 0.5]),   # half to even: round(0.5) = 0, round(0.5 + t) = 1
-    (jnp.floor, 1.5, [2.5, 2.5]),   # no jump here: a gradient
-])
+@pytest.mark.parametrize(
+    "op,x0,limits",
+    [
+        (jnp.floor, 1.0, [2.0, 1.0]),  # floor(1 + t) + (1 + t) -> 2, floor(1 - t) + (1 - t) -> 1
+        (jnp.ceil, 1.0, [3.0, 2.0]),
+        (jnp.round, 0.5, [1.5, 0.5]),  # half to even: round(0.5) = 0, round(0.5 + t) = 1
+        (jnp.floor, 1.5, [2.5, 2.5]),  # no jump here: a gradient
+    ],
+)
 def test_floor_ceil_round_jump_on_the_side_of_the_ray(op, x0, limits):
     """Piecewise constant, never 'analytic': at a jump point the side of the ray decides (these
     were 'unverified' repeated-JVP values before, a silent gradient 1.0 at the jump)."""
@@ -464,8 +632,7 @@ def test_functions_of_a_hard_infinity_follow_ieee():
         (lambda x: jnp.sin(jnp.log(x - x)) * x, "singular", None),
         (lambda x: jnp.log(x - x) - jnp.log(x - x) + x, "singular", None),
         (lambda x: jnp.tanh(jnp.log(x - x)) + x, "gradient", 1.0),
-        (lambda x: jnp.where(jnp.isnan(jnp.log(x - x) - jnp.log(x - x)), x, 0.0), "gradient",
-         1.0),
+        (lambda x: jnp.where(jnp.isnan(jnp.log(x - x) - jnp.log(x - x)), x, 0.0), "gradient", 1.0),
     ]
     for f, label, want in cases:
         r = gsj.certify(f, directions=[1.0, -1.0])(0.0)

@@ -76,6 +76,7 @@ def _m_unit(f):
         if abs(a) > 1:
             raise Domain
         return f(a)
+
     return g
 
 
@@ -116,7 +117,7 @@ UNARY = {
     "sigmoid": (jax.nn.sigmoid, lambda a: 1 / (1 + mpmath.exp(-a))),
     "abs": (jnp.abs, abs),
     "square": (jnp.square, lambda a: a * a),
-    "cube": (lambda a: a ** 3, lambda a: a ** 3),
+    "cube": (lambda a: a**3, lambda a: a**3),
     "neg": (jnp.negative, lambda a: -a),
     "relu": (jax.nn.relu, lambda a: max(a, 0)),
     "acos": (jnp.arccos, _m_unit(mpmath.acos)),
@@ -160,13 +161,19 @@ def programs(draw, depth: int):
         jf, mf = BINARY[name]
         a, am, at = draw(programs(depth - 1))
         b, bm, bt = draw(programs(depth - 1))
-        return ((lambda x: jf(a(x), b(x))), (lambda x: mf(_real(am(x)), _real(bm(x)))),
-                f"{name}({at}, {bt})")
+        return (
+            (lambda x: jf(a(x), b(x))),
+            (lambda x: mf(_real(am(x)), _real(bm(x)))),
+            f"{name}({at}, {bt})",
+        )
     p, pm, pt = draw(programs(depth - 1))
     a, am, at = draw(programs(depth - 1))
     b, bm, bt = draw(programs(depth - 1))
-    return ((lambda x: jnp.where(p(x) > 0, a(x), b(x))),
-            (lambda x: am(x) if pm(x) > 0 else bm(x)), f"where({pt}>0, {at}, {bt})")
+    return (
+        (lambda x: jnp.where(p(x) > 0, a(x), b(x))),
+        (lambda x: am(x) if pm(x) > 0 else bm(x)),
+        f"where({pt}>0, {at}, {bt})",
+    )
 
 
 def ground_truth(mf, x0: float, v: float):
@@ -235,7 +242,9 @@ def _check(prog, x0: float, stats: collections.Counter, failures: list):
             gv = float(np.asarray(verdict["gradient"][0])) * v
             ok = truth == "finite" and abs(gv - L[0]) <= max(L[1], 1e-6 * max(1.0, abs(L[0])))
             if not ok:
-                failures.append(f"{text} at x0={x0}, v={v}: certify {vd} G.v={gv}, truth {truth} {L}")
+                failures.append(
+                    f"{text} at x0={x0}, v={v}: certify {vd} G.v={gv}, truth {truth} {L}"
+                )
         elif vd == "SINGULAR":
             if truth not in ("diverges",):
                 failures.append(f"{text} at x0={x0}, v={v}: SINGULAR but truth {truth} {L}")
@@ -246,18 +255,26 @@ def _check(prog, x0: float, stats: collections.Counter, failures: list):
                 print(f"UNDECIDED {text} at x0={x0}, v={v} (truth {truth}): {verdict['notes']}")
     # the combined answer: a number (gradient or Clarke subgradient) needs one limit of f
     label = r.findings[0].detail["label"]
-    if label in ("gradient", "clarke-subgradient") and len(lims) == 2 and \
-            abs(lims[0] - lims[1]) > 1e-6 * (1 + abs(lims[0])):
-        failures.append(f"{text} at x0={x0}: certify {label} but the one-sided limits of f "
-                        f"differ: {lims}")
+    if (
+        label in ("gradient", "clarke-subgradient")
+        and len(lims) == 2
+        and abs(lims[0] - lims[1]) > 1e-6 * (1 + abs(lims[0]))
+    ):
+        failures.append(
+            f"{text} at x0={x0}: certify {label} but the one-sided limits of f differ: {lims}"
+        )
 
 
 def _run_fuzz(max_examples: int, depth: int):
     stats: collections.Counter = collections.Counter()
     failures: list = []
 
-    @settings(max_examples=max_examples, deadline=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(prog=programs(depth), x0=st.sampled_from([0.0, 0.0, 1.0, -1.0, 0.5]))
     def inner(prog, x0):
         _check(prog, x0, stats, failures)
@@ -266,11 +283,13 @@ def _run_fuzz(max_examples: int, depth: int):
     rays = max(1, stats["rays"])
     rate = stats["UNDECIDED"] / rays
     honest = (stats["UNDECIDED"] - stats["undecided_degenerate"]) / rays
-    print(f"\ncertify fuzz: {stats['rays']} rays, verdicts "
-          f"{ {k: stats[k] for k in ('DEFINED', 'REMOVABLE', 'SINGULAR', 'DISCONTINUOUS', 'DOMAIN', 'UNDECIDED')} }, "
-          f"skipped {stats['skip']}, UNDECIDED rate {100 * rate:.1f}% "
-          f"({100 * (stats['UNDECIDED'] - stats['undecided_degenerate']) / rays:.1f}% excluding "
-          "programs whose value is infinite or undefined on the whole ray)")
+    print(
+        f"\ncertify fuzz: {stats['rays']} rays, verdicts "
+        f"{ {k: stats[k] for k in ('DEFINED', 'REMOVABLE', 'SINGULAR', 'DISCONTINUOUS', 'DOMAIN', 'UNDECIDED')} }, "
+        f"skipped {stats['skip']}, UNDECIDED rate {100 * rate:.1f}% "
+        f"({100 * (stats['UNDECIDED'] - stats['undecided_degenerate']) / rays:.1f}% excluding "
+        "programs whose value is infinite or undefined on the whole ray)"
+    )
     assert not failures, "silent wrong answers:\n" + "\n".join(failures[:20])
     return rate, honest
 

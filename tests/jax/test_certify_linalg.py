@@ -19,16 +19,25 @@ M = _A @ _A.T + 3 * np.eye(3)
 
 SMOOTH = {
     "inv": (lambda x: jnp.sum(jnp.linalg.inv(M + x.reshape(3, 3)) ** 2), {"lu"}),
-    "solve": (lambda x: jnp.sum(jnp.linalg.solve(M + x.reshape(3, 3), jnp.arange(3.0)) ** 3),
-              {"lu", "custom_linear_solve"}),
-    "cholesky": (lambda x: jnp.sum(jnp.tanh(jnp.linalg.cholesky(
-        M + x.reshape(3, 3) @ x.reshape(3, 3).T))), {"cholesky"}),
-    "eigvalsh": (lambda x: jnp.sum(jnp.linalg.eigvalsh(M + x.reshape(3, 3) + x.reshape(3, 3).T)
-                                   ** 2), {"eigh"}),
-    "eigh vectors": (lambda x: jnp.sum(jnp.abs(jnp.linalg.eigh(
-        M + x.reshape(3, 3) + x.reshape(3, 3).T)[1][:, 0]) ** 3), {"eigh"}),
-    "svd": (lambda x: jnp.sum(jnp.linalg.svd(M + x.reshape(3, 3), compute_uv=False) ** 3),
-            {"svd"}),
+    "solve": (
+        lambda x: jnp.sum(jnp.linalg.solve(M + x.reshape(3, 3), jnp.arange(3.0)) ** 3),
+        {"lu", "custom_linear_solve"},
+    ),
+    "cholesky": (
+        lambda x: jnp.sum(jnp.tanh(jnp.linalg.cholesky(M + x.reshape(3, 3) @ x.reshape(3, 3).T))),
+        {"cholesky"},
+    ),
+    "eigvalsh": (
+        lambda x: jnp.sum(jnp.linalg.eigvalsh(M + x.reshape(3, 3) + x.reshape(3, 3).T) ** 2),
+        {"eigh"},
+    ),
+    "eigh vectors": (
+        lambda x: jnp.sum(
+            jnp.abs(jnp.linalg.eigh(M + x.reshape(3, 3) + x.reshape(3, 3).T)[1][:, 0]) ** 3
+        ),
+        {"eigh"},
+    ),
+    "svd": (lambda x: jnp.sum(jnp.linalg.svd(M + x.reshape(3, 3), compute_uv=False) ** 3), {"svd"}),
     "qr": (lambda x: jnp.sum(jnp.linalg.qr(M + x.reshape(3, 3))[1] ** 2), {"qr"}),
     "slogdet": (lambda x: jnp.linalg.slogdet(M + x.reshape(3, 3))[1], {"lu"}),
 }
@@ -61,12 +70,17 @@ def test_a_kink_after_a_solve_is_a_clarke_subgradient():
             np.testing.assert_allclose(ray["gradient"][0], near, rtol=1e-6)
 
 
-@pytest.mark.parametrize("f", [
-    lambda x: jnp.linalg.eigvalsh(jnp.eye(2) + x.reshape(2, 2) + x.reshape(2, 2).T)[-1],
-    lambda x: jnp.linalg.svd(x.reshape(2, 2), compute_uv=False)[0],
-    lambda x: jnp.sum(jnp.linalg.svd(jnp.diag(jnp.array([1.0, 0.0])) + x.reshape(2, 2),
-                                     compute_uv=False)),
-], ids=["max-eigenvalue-at-identity", "svd-at-zero", "nuclear-norm-at-rank-1"])
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: jnp.linalg.eigvalsh(jnp.eye(2) + x.reshape(2, 2) + x.reshape(2, 2).T)[-1],
+        lambda x: jnp.linalg.svd(x.reshape(2, 2), compute_uv=False)[0],
+        lambda x: jnp.sum(
+            jnp.linalg.svd(jnp.diag(jnp.array([1.0, 0.0])) + x.reshape(2, 2), compute_uv=False)
+        ),
+    ],
+    ids=["max-eigenvalue-at-identity", "svd-at-zero", "nuclear-norm-at-rank-1"],
+)
 def test_degenerate_decompositions_are_undecided(f):
     """The largest eigenvalue of I + S is a kink at S = 0; singular values are abs-like at 0. A
     Taylor expansion in the fixed basis of x0 would return a wrong number: undecided instead."""

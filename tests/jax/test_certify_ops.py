@@ -70,7 +70,7 @@ def test_conv_smooth_is_jax_grad(wrap):
 
     def loss(p):
         y = jax.lax.conv_general_dilated(p[0][None, None], p[1][None, None], (2,), [(2, 1)])
-        return jnp.sum(y ** 2) + jnp.sum(y[..., :-1] * y[..., 1:])
+        return jnp.sum(y**2) + jnp.sum(y[..., :-1] * y[..., 1:])
 
     r, d = run(wrap(loss), p)
     assert d["label"] == "gradient"
@@ -107,19 +107,30 @@ def test_convolve_norm_at_zero(wrap):
 
 
 def conv2d(x, w, **kw):
-    return jax.lax.conv_general_dilated(x, w, kw.pop("strides", (1, 1)),
-                                        kw.pop("padding", "VALID"), **kw)
+    return jax.lax.conv_general_dilated(
+        x, w, kw.pop("strides", (1, 1)), kw.pop("padding", "VALID"), **kw
+    )
 
 
 CONV2D = [  # (lhs shape, rhs shape, conv keyword arguments)
-    pytest.param((2, 4, 6, 5), (6, 2, 3, 2),
-                 dict(strides=(2, 1), padding=[(1, 0), (0, 1)], feature_group_count=2,
-                      rhs_dilation=(1, 2)), id="NCHW-grouped-strided-padded-dilated"),
-    pytest.param((2, 3, 5, 4), (2, 3, 2, 2),
-                 dict(padding=[(1, 1), (0, 1)], lhs_dilation=(2, 1)), id="NCHW-lhs-dilation"),
-    pytest.param((4, 5, 5, 3), (2, 2, 3, 2),
-                 dict(dimension_numbers=("NHWC", "HWIO", "NHWC"), batch_group_count=2),
-                 id="NHWC-batch-groups"),
+    pytest.param(
+        (2, 4, 6, 5),
+        (6, 2, 3, 2),
+        dict(strides=(2, 1), padding=[(1, 0), (0, 1)], feature_group_count=2, rhs_dilation=(1, 2)),
+        id="NCHW-grouped-strided-padded-dilated",
+    ),
+    pytest.param(
+        (2, 3, 5, 4),
+        (2, 3, 2, 2),
+        dict(padding=[(1, 1), (0, 1)], lhs_dilation=(2, 1)),
+        id="NCHW-lhs-dilation",
+    ),
+    pytest.param(
+        (4, 5, 5, 3),
+        (2, 2, 3, 2),
+        dict(dimension_numbers=("NHWC", "HWIO", "NHWC"), batch_group_count=2),
+        id="NHWC-batch-groups",
+    ),
 ]
 
 
@@ -244,8 +255,11 @@ def test_reduce_prod_smooth_is_jax_grad(wrap):
     x0[2, 1, 3] = 0.0
 
     def loss(x):
-        return (jnp.sum(jnp.prod(x, axis=(0, 2)) ** 2) + jnp.sum(jnp.sin(jnp.prod(x, axis=1)))
-                + jnp.prod(x[0]))
+        return (
+            jnp.sum(jnp.prod(x, axis=(0, 2)) ** 2)
+            + jnp.sum(jnp.sin(jnp.prod(x, axis=1)))
+            + jnp.prod(x[0])
+        )
 
     r, d = run(wrap(loss), x0)
     assert d["label"] == "gradient"
@@ -295,8 +309,9 @@ def test_cummax_tie_is_a_clarke_subgradient(wrap):
 def test_cummax_tie_up_to_the_horizon_is_undecided():
     # sin(x)^2 + cos(x)^2 ties 1 in every known term: no silent pick
     def loss(x):
-        return jnp.sum(jax.lax.cummax(jnp.stack([jnp.ones(()), jnp.sin(x) ** 2 + jnp.cos(x) ** 2,
-                                                 x]), axis=0))
+        return jnp.sum(
+            jax.lax.cummax(jnp.stack([jnp.ones(()), jnp.sin(x) ** 2 + jnp.cos(x) ** 2, x]), axis=0)
+        )
 
     _, d = run(loss, 0.3)
     assert d["label"] == "undecided"
@@ -321,7 +336,7 @@ def test_cummax_later_winner_is_decided_after_an_undecided_tie():
 def test_top_k_distinct_is_jax_grad(wrap):
     def loss(x):
         vals, idx = jax.lax.top_k(x, 2)
-        return jnp.sum(vals ** 2 * jnp.array([2.0, 1.0], x.dtype)) + jnp.sum(idx).astype(x.dtype)
+        return jnp.sum(vals**2 * jnp.array([2.0, 1.0], x.dtype)) + jnp.sum(idx).astype(x.dtype)
 
     x0 = np.array([1.0, 3.0, 2.0, -1.0])
     r, d = run(wrap(loss), x0)
@@ -352,10 +367,8 @@ def test_top_k_norm_of_ties_at_zero(wrap):
     v = np.array([0.1, 0.7, -0.3, 0.4])
     r, d = run(wrap(loss), np.zeros(4), [v, -v])
     g1, g2 = ray_grads(d)
-    np.testing.assert_allclose(g1[0], np.array([0.0, 0.7, 0.0, 0.4]) / math.sqrt(0.65),
-                               rtol=1e-14)
-    np.testing.assert_allclose(g2[0], np.array([-0.1, 0.0, 0.3, 0.0]) / math.sqrt(0.1),
-                               rtol=1e-14)
+    np.testing.assert_allclose(g1[0], np.array([0.0, 0.7, 0.0, 0.4]) / math.sqrt(0.65), rtol=1e-14)
+    np.testing.assert_allclose(g2[0], np.array([-0.1, 0.0, 0.3, 0.0]) / math.sqrt(0.1), rtol=1e-14)
     np.testing.assert_allclose(g1[0], jgrad(loss, v)[0], rtol=1e-14)
     np.testing.assert_allclose(g2[0], jgrad(loss, -v)[0], rtol=1e-14)
     assert d["label"] == "clarke-subgradient"

@@ -21,13 +21,15 @@ def jgrad(f, x):
 
 def maxpool(x, window, strides, padding="VALID", base_dilation=None, window_dilation=None):
     """``lax.reduce_window(x, -inf, lax.max, ...)``: the primitive reduce_window_max."""
-    return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, padding,
-                             base_dilation, window_dilation)
+    return lax.reduce_window(
+        x, -jnp.inf, lax.max, window, strides, padding, base_dilation, window_dilation
+    )
 
 
 def minpool(x, window, strides, padding="VALID", base_dilation=None, window_dilation=None):
-    return lax.reduce_window(x, jnp.inf, lax.min, window, strides, padding,
-                             base_dilation, window_dilation)
+    return lax.reduce_window(
+        x, jnp.inf, lax.min, window, strides, padding, base_dilation, window_dilation
+    )
 
 
 def explicit_pads(shape, window, strides, padding, window_dilation=None):
@@ -40,8 +42,9 @@ def explicit_pads(shape, window, strides, padding, window_dilation=None):
     return tuple(tuple(p) for p in lax.padtype_to_pads(shape, eff, strides, padding))
 
 
-def pool_ref(x, window, strides, padding="VALID", base_dilation=None, window_dilation=None,
-             big=True):
+def pool_ref(
+    x, window, strides, padding="VALID", base_dilation=None, window_dilation=None, big=True
+):
     """The same pooling from lax.pad (padding and base-dilation holes hold the init value),
     strided slices (one per window element) and a max over them: independent of the rule's
     window index, and differentiable by jax.grad where the primitive's VJP is not (window
@@ -52,8 +55,9 @@ def pool_ref(x, window, strides, padding="VALID", base_dilation=None, window_dil
     if isinstance(padding, str):
         padding = explicit_pads(x.shape, window, strides, padding, window_dilation)
     init = -jnp.inf if big else jnp.inf
-    xp = lax.pad(x, jnp.asarray(init, x.dtype),
-                 [(lo, hi, b - 1) for (lo, hi), b in zip(padding, bd)])
+    xp = lax.pad(
+        x, jnp.asarray(init, x.dtype), [(lo, hi, b - 1) for (lo, hi), b in zip(padding, bd)]
+    )
     m = [(n - (w - 1) * d - 1) // s + 1 for n, w, d, s in zip(xp.shape, window, wdl, strides)]
     if min(m) <= 0:
         return jnp.full([max(k, 0) for k in m], init, x.dtype)
@@ -92,9 +96,17 @@ def _index_configs(n, seed=0):
 @pytest.mark.parametrize("cfg", _index_configs(16), ids=[f"cfg{k}" for k in range(16)])
 def test_window_index_matches_the_primitive(cfg):
     shape, wd, st, pad, bd, wdl = cfg
-    x = np.random.default_rng(hash(cfg) % 2 ** 32).standard_normal(shape)
-    idx = window_index(dict(window_dimensions=wd, window_strides=st, padding=pad,
-                            base_dilation=bd, window_dilation=wdl), shape)
+    x = np.random.default_rng(hash(cfg) % 2**32).standard_normal(shape)
+    idx = window_index(
+        dict(
+            window_dimensions=wd,
+            window_strides=st,
+            padding=pad,
+            base_dilation=bd,
+            window_dilation=wdl,
+        ),
+        shape,
+    )
     g = x.reshape(-1)[np.maximum(idx, 0)]
     with jax.enable_x64(True):
         for pool, init, red in ((maxpool, -np.inf, np.max), (minpool, np.inf, np.min)):
@@ -103,7 +115,8 @@ def test_window_index_matches_the_primitive(cfg):
             np.testing.assert_array_equal(red(np.where(idx >= 0, g, init), axis=-1), want)
             np.testing.assert_array_equal(
                 np.asarray(pool_ref(jnp.asarray(x), wd, st, pad, bd, wdl, big=pool is maxpool)),
-                want)
+                want,
+            )
         # every covered element exactly once: the window sums agree too
         ws = np.asarray(lax.reduce_window(x, 0.0, lax.add, wd, st, pad, bd, wdl))
     np.testing.assert_allclose(np.where(idx >= 0, g, 0.0).sum(-1), ws, atol=1e-12)
@@ -113,8 +126,13 @@ def test_a_wrong_index_is_caught_by_the_primitive():
     from gradsan.jax._certify_pool import _check_index
     from gradsan.jax._series import Undecided
 
-    params = dict(window_dimensions=(2,), window_strides=(1,), padding=((1, 0),),
-                  base_dilation=(1,), window_dilation=(1,))
+    params = dict(
+        window_dimensions=(2,),
+        window_strides=(1,),
+        padding=((1, 0),),
+        base_dilation=(1,),
+        window_dilation=(1,),
+    )
     jx = jax.make_jaxpr(lambda x: maxpool(x, (2,), (1,), ((1, 0),)))(jnp.ones(4))
     (eqn,) = jx.jaxpr.eqns
     assert eqn.primitive.name == "reduce_window_max"
@@ -134,7 +152,7 @@ def test_a_wrong_index_is_caught_by_the_primitive():
 def test_1d_strict_maxima_is_jax_grad(wrap):
     def loss(x):
         y = maxpool(x, (3,), (2,), "SAME")
-        return jnp.sum(jnp.tanh(y) * jnp.arange(1.0, y.shape[0] + 1)) + jnp.sum(y ** 2)
+        return jnp.sum(jnp.tanh(y) * jnp.arange(1.0, y.shape[0] + 1)) + jnp.sum(y**2)
 
     x0 = np.array([0.3, -1.2, 2.0, 0.7, 1.1, -0.4, 0.9])
     r, d = run(wrap(loss), x0)
@@ -145,12 +163,24 @@ def test_1d_strict_maxima_is_jax_grad(wrap):
 CONFIGS_2D = [
     pytest.param(dict(window=(1, 2, 2, 1), strides=(1, 2, 2, 1)), id="2x2-s2"),
     pytest.param(dict(window=(1, 3, 3, 1), strides=(1, 1, 1, 1), padding="SAME"), id="3x3-same"),
-    pytest.param(dict(window=(1, 2, 2, 1), strides=(1, 1, 2, 1), padding=((0, 0), (1, 1), (0, 1),
-                                                                          (0, 0)),
-                      window_dilation=(1, 2, 1, 1)), id="window-dilation"),
-    pytest.param(dict(window=(1, 3, 2, 1), strides=(1, 1, 1, 1), padding=((0, 0), (1, 1), (0, 0),
-                                                                          (0, 0)),
-                      base_dilation=(1, 1, 2, 1)), id="base-dilation"),
+    pytest.param(
+        dict(
+            window=(1, 2, 2, 1),
+            strides=(1, 1, 2, 1),
+            padding=((0, 0), (1, 1), (0, 1), (0, 0)),
+            window_dilation=(1, 2, 1, 1),
+        ),
+        id="window-dilation",
+    ),
+    pytest.param(
+        dict(
+            window=(1, 3, 2, 1),
+            strides=(1, 1, 1, 1),
+            padding=((0, 0), (1, 1), (0, 0), (0, 0)),
+            base_dilation=(1, 1, 2, 1),
+        ),
+        id="base-dilation",
+    ),
 ]
 
 
@@ -247,8 +277,7 @@ def test_norm_of_pooled_values_at_zero(wrap):
     r, d = run(wrap(loss), np.zeros(4), [v, u])
     assert [x["verdict"] for x in d["verdicts"]] == ["DEFINED"] * 2
     g1, g2 = (g[0] for g in ray_grads(d))
-    np.testing.assert_allclose(g1, np.array([1.0, 0.0, 0.0, 0.7]) / np.hypot(1.0, 0.7),
-                               rtol=1e-14)
+    np.testing.assert_allclose(g1, np.array([1.0, 0.0, 0.0, 0.7]) / np.hypot(1.0, 0.7), rtol=1e-14)
     np.testing.assert_allclose(g2, -g1, rtol=1e-14)
     for g, w in ((g1, v), (g2, u)):
         np.testing.assert_allclose(g, jgrad(loss, w), rtol=1e-14)
@@ -273,7 +302,7 @@ def test_same_padding_at_the_border_is_jax_grad(wrap):
 
     def loss(x):
         y = maxpool(x, (1, 2, 2, 1), (1, 1, 1, 1), "SAME")
-        return jnp.sum(y ** 2)
+        return jnp.sum(y**2)
 
     r, d = run(wrap(loss), x0)
     assert d["label"] == "gradient"
@@ -371,9 +400,16 @@ def _random_configs(n, seed=11):
         wdl = tuple(int(k) for k in rng.integers(1, 3, nd)) if rng.random() < 0.4 else None
         big = bool(rng.random() < 0.7)
         x0 = rng.standard_normal(shape)
-        idx = window_index(dict(window_dimensions=wd, window_strides=st,
-                                padding=explicit_pads(shape, wd, st, pad, wdl),
-                                base_dilation=bd, window_dilation=wdl), shape)
+        idx = window_index(
+            dict(
+                window_dimensions=wd,
+                window_strides=st,
+                padding=explicit_pads(shape, wd, st, pad, wdl),
+                base_dilation=bd,
+                window_dilation=wdl,
+            ),
+            shape,
+        )
         if idx.size == 0 or (idx < 0).all(axis=-1).any():
             continue
         out.append((big, x0, (wd, st, pad, bd, wdl)))
@@ -388,18 +424,25 @@ def test_random_config_is_jax_grad(k):
     big, x0, args = FUZZ[k]
     pool = maxpool if big else minpool
     # a constant of the output's shape (numpy: no extra primitives to evaluate)
-    n_out = window_index(dict(window_dimensions=args[0], window_strides=args[1],
-                              padding=explicit_pads(x0.shape, args[0], args[1], args[2], args[4]),
-                              base_dilation=args[3], window_dilation=args[4]), x0.shape).shape[:-1]
+    n_out = window_index(
+        dict(
+            window_dimensions=args[0],
+            window_strides=args[1],
+            padding=explicit_pads(x0.shape, args[0], args[1], args[2], args[4]),
+            base_dilation=args[3],
+            window_dilation=args[4],
+        ),
+        x0.shape,
+    ).shape[:-1]
     c = np.cos(np.arange(int(np.prod(n_out)))).reshape(n_out)
 
     def loss(x):
         y = pool(x, *args)
-        return jnp.sum(jnp.sin(y) + 0.5 * y ** 2 * c)
+        return jnp.sum(jnp.sin(y) + 0.5 * y**2 * c)
 
     def ref(x):
         y = pool_ref(x, *args, big=big)
-        return jnp.sum(jnp.sin(y) + 0.5 * y ** 2 * c)
+        return jnp.sum(jnp.sin(y) + 0.5 * y**2 * c)
 
     f = loss if k % 2 == 0 else jax.grad(loss)
     r, d = run(f, x0)

@@ -24,8 +24,10 @@ def run(f, x0, directions=PM, **kw):
 
 
 def grads(d):
-    return [None if v["gradient"] is None else float(np.asarray(v["gradient"][0]))
-            for v in d["verdicts"]]
+    return [
+        None if v["gradient"] is None else float(np.asarray(v["gradient"][0]))
+        for v in d["verdicts"]
+    ]
 
 
 def test_a_repeated_subexpression_ties_exactly():
@@ -36,7 +38,7 @@ def test_a_repeated_subexpression_ties_exactly():
     r, d, vs = run(lambda x: jnp.maximum(x, x + 0.0), 0.0)
     assert vs == ["DEFINED", "DEFINED"] and d["label"] == "gradient" and float(r.outputs) == 1.0
     # relu(x^3) / x^3 is exactly 1 for x > 0
-    _, d, vs = run(lambda x: jax.nn.relu(x ** 3) / x ** 3 * x, 0.5)
+    _, d, vs = run(lambda x: jax.nn.relu(x**3) / x**3 * x, 0.5)
     assert vs == ["DEFINED", "DEFINED"] and grads(d) == pytest.approx([1.0, 1.0], abs=1e-12)
 
 
@@ -109,8 +111,11 @@ def test_a_huge_periodic_argument_is_not_trusted():
 
 def _mlp():
     rng = np.random.default_rng(3)
-    params = {"w": [rng.standard_normal((5, 5)) / 3 for _ in range(4)],
-              "b": [0.1 * rng.standard_normal(5) for _ in range(4)], "u": np.zeros(3)}
+    params = {
+        "w": [rng.standard_normal((5, 5)) / 3 for _ in range(4)],
+        "b": [0.1 * rng.standard_normal(5) for _ in range(4)],
+        "u": np.zeros(3),
+    }
     x = rng.standard_normal((2, 5))
     y = rng.standard_normal((2, 5))
 
@@ -177,8 +182,9 @@ def test_a_python_flag_argument_is_closed_over():
 
 def test_the_max_of_nothing_is_minus_infinity():
     # jnp.max(x[:0], initial=-1) is max(reduce_max(empty) = -inf, -1) = -1
-    r, d, vs = run(lambda x: jnp.sum(x ** 2) + jnp.max(x[:0], initial=-1.0),
-                   np.array([1.0, 2.0]), None)
+    r, d, vs = run(
+        lambda x: jnp.sum(x**2) + jnp.max(x[:0], initial=-1.0), np.array([1.0, 2.0]), None
+    )
     assert d["label"] == "gradient" and vs == ["DEFINED", "DEFINED"]
     np.testing.assert_allclose(r.outputs, [2.0, 4.0])
 
@@ -195,5 +201,5 @@ def test_a_constant_plus_zero_gives_its_infinity_a_sign():
 def test_abs_of_a_value_zero_up_to_the_horizon():
     # x^27 is beyond every horizon tried, so its sign is unknown; |x^27| is still O(t^27), and
     # the product with an exact zero needs no partial of abs
-    _, d, vs = run(lambda x: jnp.minimum(jnp.cos(x), 0.0) * jnp.abs(x ** 27) + x, 0.0)
+    _, d, vs = run(lambda x: jnp.minimum(jnp.cos(x), 0.0) * jnp.abs(x**27) + x, 0.0)
     assert vs == ["DEFINED", "DEFINED"] and grads(d) == [1.0, 1.0]

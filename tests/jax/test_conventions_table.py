@@ -14,7 +14,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _gen():
     spec = importlib.util.spec_from_file_location(
-        "gen_conventions", os.path.join(ROOT, "tools", "gen_conventions.py"))
+        "gen_conventions", os.path.join(ROOT, "tools", "gen_conventions.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["gen_conventions"] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)

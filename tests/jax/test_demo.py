@@ -16,14 +16,19 @@ def test_case_is_diagnosed_and_fixed(name):
     fixed = case.fixed(*case.args)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(fixed))
     if callable(case.truth):
-        for got, want in zip(jax.tree_util.tree_leaves(fixed),
-                             jax.tree_util.tree_leaves(case.truth(*case.args))):
+        for got, want in zip(
+            jax.tree_util.tree_leaves(fixed), jax.tree_util.tree_leaves(case.truth(*case.args))
+        ):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
 
 
 def test_nansafe_repairs_the_structural_cases_and_certifies_or_refuses_the_numerical_ones():
-    for name, structural in (("zygote-sqrt", True), ("where-trap", True),
-                             ("abs-vs-norm", False), ("flux-normalise", False)):
+    for name, structural in (
+        ("zygote-sqrt", True),
+        ("where-trap", True),
+        ("abs-vs-norm", False),
+        ("flux-normalise", False),
+    ):
         case = demo_cases.CASES[name]()
         out, report = gsj.nansafe(case.grad, report=True)(*case.args)
         finite = all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(out))
@@ -33,11 +38,14 @@ def test_nansafe_repairs_the_structural_cases_and_certifies_or_refuses_the_numer
             assert report.by_kind("unresolved"), name
             continue
         if not structural:  # certified by the limit engine, and labelled so
-            assert any(f.detail.get("rule", "").startswith("limit engine")
-                       for f in report.by_kind("resolved")), name
+            assert any(
+                f.detail.get("rule", "").startswith("limit engine")
+                for f in report.by_kind("resolved")
+            ), name
         if callable(case.truth):
-            for a, b in zip(jax.tree_util.tree_leaves(out),
-                            jax.tree_util.tree_leaves(case.truth(*case.args))):
+            for a, b in zip(
+                jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(case.truth(*case.args))
+            ):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 

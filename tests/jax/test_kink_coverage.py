@@ -32,13 +32,26 @@ CASES = [
     ("sort", lambda x, c: jnp.sort(jnp.stack([x, 2 * c - x]))[0], C, "sort-tie"),
     ("top_k", lambda x, c: jax.lax.top_k(jnp.stack([x, 2 * c - x]), 1)[0][0], C, "sort-tie"),
     ("cummax", lambda x, c: jax.lax.cummax(jnp.stack([2 * c - x, x]))[-1], C, "max-tie"),
-    ("max_pool", lambda x, c: jax.lax.reduce_window(jnp.stack([x, 2 * c - x]), -jnp.inf,
-                                                     jax.lax.max, (2,), (2,), "VALID")[0],
-     C, "max-tie"),
-    ("eigh", lambda x, c: jnp.linalg.eigvalsh(jnp.diag(jnp.stack([x, 2 * c - x])))[-1], C,
-     "eigh-repeated-eigenvalues"),
-    ("svd", lambda x, c: jnp.linalg.svd(jnp.diag(jnp.stack([x, 2 * c - x])),
-                                        compute_uv=False)[0], C, "eigh-repeated-eigenvalues"),
+    (
+        "max_pool",
+        lambda x, c: jax.lax.reduce_window(
+            jnp.stack([x, 2 * c - x]), -jnp.inf, jax.lax.max, (2,), (2,), "VALID"
+        )[0],
+        C,
+        "max-tie",
+    ),
+    (
+        "eigh",
+        lambda x, c: jnp.linalg.eigvalsh(jnp.diag(jnp.stack([x, 2 * c - x])))[-1],
+        C,
+        "eigh-repeated-eigenvalues",
+    ),
+    (
+        "svd",
+        lambda x, c: jnp.linalg.svd(jnp.diag(jnp.stack([x, 2 * c - x])), compute_uv=False)[0],
+        C,
+        "eigh-repeated-eigenvalues",
+    ),
 ]
 TOLERANCE_BASED = {"eigh", "svd"}  # repeated within 16 n eps: +-1 ulp still counts
 NO_BF16 = {"eigh", "svd"}  # no bfloat16 kernels on CPU
@@ -47,7 +60,9 @@ DTYPES = ["float32", "float64", "bfloat16"]
 
 def _ulp(v, dtype, up):
     x = np.asarray(v, dtype=jnp.dtype(dtype))
-    bits = x.view(np.uint16 if dtype == "bfloat16" else (np.uint32 if dtype == "float32" else np.uint64))
+    bits = x.view(
+        np.uint16 if dtype == "bfloat16" else (np.uint32 if dtype == "float32" else np.uint64)
+    )
     if (x > 0) == up:
         return (bits + np.array(1, bits.dtype)).view(x.dtype)
     return (bits - np.array(1, bits.dtype)).view(x.dtype)
@@ -70,8 +85,11 @@ def _kinks(report):
 
 
 def _cases(dtype):
-    return [pytest.param(n, f, k, e, id=n) for n, f, k, e in CASES
-            if not (dtype == "bfloat16" and n in NO_BF16)]
+    return [
+        pytest.param(n, f, k, e, id=n)
+        for n, f, k, e in CASES
+        if not (dtype == "bfloat16" and n in NO_BF16)
+    ]
 
 
 def _check(dtype, name, f, kink, entry, where):
@@ -110,8 +128,10 @@ def test_all_dtypes(name, f, kink, entry, where, dtype):
 
 def _mlp(key, sizes):
     ks = jax.random.split(key, len(sizes))
-    return [(jax.random.normal(k, (a, b)) / np.sqrt(a), 0.01 * jax.random.normal(k, (b,)))
-            for k, a, b in zip(ks, sizes[:-1], sizes[1:])]
+    return [
+        (jax.random.normal(k, (a, b)) / np.sqrt(a), 0.01 * jax.random.normal(k, (b,)))
+        for k, a, b in zip(ks, sizes[:-1], sizes[1:])
+    ]
 
 
 def _mlp_loss(params, x, y):
@@ -141,7 +161,7 @@ def test_clean_cnn_with_max_pool():
         h = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME")
         h = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
         h = jax.nn.relu(h + 0.05)
-        return jnp.sum(h ** 2)
+        return jnp.sum(h**2)
 
     r = gsj.sanitize(jax.grad(loss))(w, x)
     assert r.findings == []
@@ -162,7 +182,7 @@ def test_clean_transformer():
         att = jax.nn.softmax((h @ p["q"]) @ (h @ p["k"]).T / np.sqrt(d), axis=-1)
         x = x + (att @ (h @ p["v"])) @ p["o"]
         x = x + jax.nn.gelu(ln(x) @ p["1"]) @ p["2"]
-        return jnp.mean(x ** 2)
+        return jnp.mean(x**2)
 
     r = gsj.sanitize(jax.grad(loss))(p, x)
     assert r.findings == []

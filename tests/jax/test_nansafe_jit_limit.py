@@ -14,11 +14,11 @@ A0 = jnp.asarray([[1.0, 0.0], [0.0, 3.0]])  # the Zygote seed of test_certify.py
 
 
 def zygote(theta):
-    return jnp.sqrt(jnp.sum((jnp.sqrt(A0 ** theta) - A0) ** 2))
+    return jnp.sqrt(jnp.sum((jnp.sqrt(A0**theta) - A0) ** 2))
 
 
 def zygote_data(theta, a0):  # the same loss with A0 as data: its zeros are not constants
-    return jnp.sqrt(jnp.sum((jnp.sqrt(a0 ** theta) - a0) ** 2))
+    return jnp.sqrt(jnp.sum((jnp.sqrt(a0**theta) - a0) ** 2))
 
 
 def sqrt_sqrt(x):

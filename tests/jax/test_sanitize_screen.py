@@ -45,18 +45,22 @@ def _loops(x):
         return c + jnp.abs(xi - 1.0), jnp.maximum(xi, 2.0)
 
     c, ys = jax.lax.scan(body, 0.0, x)
-    w = jax.lax.while_loop(lambda s: s[1] < 3, lambda s: (jax.nn.relu(s[0] - 0.5), s[1] + 1),
-                           (c, 0))[0]
+    w = jax.lax.while_loop(
+        lambda s: s[1] < 3, lambda s: (jax.nn.relu(s[0] - 0.5), s[1] + 1), (c, 0)
+    )[0]
     k = jax.lax.cond(x[0] > 0, lambda v: jnp.minimum(v, 4.0), lambda v: v, x[1])
     return c + ys.sum() + w + k
 
 
-@pytest.mark.parametrize("x, hits", [
-    ([0.5, 3.0, 5.0], False),  # no element at any kink
-    ([0.5, 1.0, 5.0], True),  # abs at 0 in scan iteration 1
-    ([2.0, 3.0, 5.0], True),  # max tie in scan iteration 0
-    ([0.5, 4.0, 5.0], True),  # the cond branch's min ties
-])
+@pytest.mark.parametrize(
+    "x, hits",
+    [
+        ([0.5, 3.0, 5.0], False),  # no element at any kink
+        ([0.5, 1.0, 5.0], True),  # abs at 0 in scan iteration 1
+        ([2.0, 3.0, 5.0], True),  # max tie in scan iteration 0
+        ([0.5, 4.0, 5.0], True),  # the cond branch's min ties
+    ],
+)
 def test_loops_and_branches(x, hits):
     x = jnp.asarray(x, jnp.float32)
     g = _loops  # the value (reverse mode does not go through while_loop)
@@ -70,8 +74,9 @@ def test_loops_and_branches(x, hits):
 def test_while_relu_tie_inside_the_loop():
     # relu(c - 0.5) at exactly 0 on the loop's first iteration (c = 0.5)
     def f(c):
-        return jax.lax.while_loop(lambda s: s[1] < 2, lambda s: (jax.nn.relu(s[0] - 0.5), s[1] + 1),
-                                  (c, 0))[0]
+        return jax.lax.while_loop(
+            lambda s: s[1] < 2, lambda s: (jax.nn.relu(s[0] - 0.5), s[1] + 1), (c, 0)
+        )[0]
 
     _, n, _ = screen(f, jnp.float32(0.5))
     assert n > 0

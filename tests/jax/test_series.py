@@ -77,17 +77,29 @@ def test_sign_of_leading_coefficient_decides():
     assert und
 
 
-@pytest.mark.parametrize("name,fn,ref", [
-    ("tanh", S.taylor_tanh, np.tanh), ("logistic", S.taylor_logistic, lambda x: 1 / (1 + np.exp(-x))),
-    ("sin", S.taylor_sin, np.sin), ("atan", S.taylor_atan, np.arctan),
-    ("asin", S.taylor_asin, np.arcsin), ("erf", S.taylor_erf, None),
-])
+@pytest.mark.parametrize(
+    "name,fn,ref",
+    [
+        ("tanh", S.taylor_tanh, np.tanh),
+        ("logistic", S.taylor_logistic, lambda x: 1 / (1 + np.exp(-x))),
+        ("sin", S.taylor_sin, np.sin),
+        ("atan", S.taylor_atan, np.arctan),
+        ("asin", S.taylor_asin, np.arcsin),
+        ("erf", S.taylor_erf, None),
+    ],
+)
 def test_taylor_coefficients_against_finite_differences(name, fn, ref):
     mpmath = pytest.importorskip("mpmath")
     a0 = 0.3
     cs = fn(np.asarray(a0), 4)
-    mp_f = {"tanh": mpmath.tanh, "logistic": lambda x: 1 / (1 + mpmath.exp(-x)), "sin": mpmath.sin,
-            "atan": mpmath.atan, "asin": mpmath.asin, "erf": mpmath.erf}[name]
+    mp_f = {
+        "tanh": mpmath.tanh,
+        "logistic": lambda x: 1 / (1 + mpmath.exp(-x)),
+        "sin": mpmath.sin,
+        "atan": mpmath.atan,
+        "asin": mpmath.asin,
+        "erf": mpmath.erf,
+    }[name]
     mpmath.mp.dps = 30
     for k in range(5):
         d = mpmath.diff(mp_f, mpmath.mpf(a0), k) / mpmath.factorial(k)
@@ -151,8 +163,11 @@ def test_a_leading_log_decides_sign_and_domain():
 
 def test_linear_composition_shortcut_matches_the_horner_loop():
     rng = np.random.default_rng(1)
-    x = S.mk({(S.ZERO, 0): rng.standard_normal(6), (S.ONE, 0): rng.standard_normal(6)},
-             np.full(6, 2.0), np.zeros(6, np.int8))
+    x = S.mk(
+        {(S.ZERO, 0): rng.standard_normal(6), (S.ONE, 0): rng.standard_normal(6)},
+        np.full(6, 2.0),
+        np.zeros(6, np.int8),
+    )
     with S.capped(1.5):
         delta = S.drop_const(x)
         cs = S.taylor_tanh(x.coef(), 1)

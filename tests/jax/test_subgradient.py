@@ -28,20 +28,36 @@ def _direction(key, x):
     return jax.random.normal(jax.random.split(key)[1], jnp.shape(x), jnp.float32)
 
 
-@pytest.mark.parametrize("name,f,x0", [
-    ("abs", lambda x: jnp.sum(jnp.abs(x * jnp.array([1.0, -2.0, 3.0]))), jnp.zeros(3)),
-    ("max", lambda x: jnp.max(x * jnp.array([1.0, 2.0, 3.0])), jnp.zeros(3)),
-    ("maximum", lambda x: jnp.sum(jnp.maximum(x, 2 * x[::-1])), jnp.zeros(3)),
-    ("clip", lambda x: jnp.sum(jnp.clip(3 * x, 0.0, 1.0) * jnp.array([1.0, 2.0, 3.0])), jnp.zeros(3)),
-    ("sort", lambda x: jnp.sort(x * jnp.array([1.0, 2.0, 3.0]))[1], jnp.zeros(3)),
-    ("where", lambda x: jnp.sum(jnp.where(x > 0, 2 * x, -x)), jnp.zeros(3)),
-    ("floor", lambda x: jnp.sum(jnp.floor(x + 1.0) * x), jnp.zeros(3)),
-    ("pool", lambda x: jnp.sum(jax.lax.reduce_window(x * jnp.arange(1.0, 5.0), -jnp.inf,
-                                                      jax.lax.max, (2,), (1,), "VALID")),
-     jnp.zeros(4)),
-    ("relu-net", lambda x: jnp.sum(jax.nn.relu(jnp.array([[1.0, -1.0], [2.0, 1.0]]) @ x)),
-     jnp.zeros(2)),
-])
+@pytest.mark.parametrize(
+    "name,f,x0",
+    [
+        ("abs", lambda x: jnp.sum(jnp.abs(x * jnp.array([1.0, -2.0, 3.0]))), jnp.zeros(3)),
+        ("max", lambda x: jnp.max(x * jnp.array([1.0, 2.0, 3.0])), jnp.zeros(3)),
+        ("maximum", lambda x: jnp.sum(jnp.maximum(x, 2 * x[::-1])), jnp.zeros(3)),
+        (
+            "clip",
+            lambda x: jnp.sum(jnp.clip(3 * x, 0.0, 1.0) * jnp.array([1.0, 2.0, 3.0])),
+            jnp.zeros(3),
+        ),
+        ("sort", lambda x: jnp.sort(x * jnp.array([1.0, 2.0, 3.0]))[1], jnp.zeros(3)),
+        ("where", lambda x: jnp.sum(jnp.where(x > 0, 2 * x, -x)), jnp.zeros(3)),
+        ("floor", lambda x: jnp.sum(jnp.floor(x + 1.0) * x), jnp.zeros(3)),
+        (
+            "pool",
+            lambda x: jnp.sum(
+                jax.lax.reduce_window(
+                    x * jnp.arange(1.0, 5.0), -jnp.inf, jax.lax.max, (2,), (1,), "VALID"
+                )
+            ),
+            jnp.zeros(4),
+        ),
+        (
+            "relu-net",
+            lambda x: jnp.sum(jax.nn.relu(jnp.array([[1.0, -1.0], [2.0, 1.0]]) @ x)),
+            jnp.zeros(2),
+        ),
+    ],
+)
 def test_limit_gradient_along_the_direction(name, f, x0):
     key = jax.random.PRNGKey(3)
     g, report = gsj.subgradient(f, key=key)(x0)

@@ -19,6 +19,7 @@ def _x64():
     with jax.enable_x64(True):
         yield
 
+
 DTYPES = [np.float32, np.float64]
 
 
@@ -44,7 +45,7 @@ class Backend:
 
     def value(self, f, *args):
         if self.is_jax:
-            g = (lambda *a: f(jsafe, jnp, *a))
+            g = lambda *a: f(jsafe, jnp, *a)
             g = jax.jit(g) if self.jit else g
             return _np(g(*[self.arr(a) for a in args]))
         return _np(f(tsafe, torch, *[self.arr(a) for a in args]))

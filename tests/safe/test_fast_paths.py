@@ -35,9 +35,14 @@ def test_lse_and_log_softmax_values_are_jax_nn_bit_for_bit(dtype, jit):
     x, mask = _data(dtype)
     wrap = jax.jit if jit else (lambda f: f)
     cases = [
-        (lambda a, m: jsafe.logsumexp(a, axis=-1, where=m), lambda a, m: jax.nn.logsumexp(a, -1, where=m)),
-        (lambda a, m: jsafe.logsumexp(a, axis=(0, 1), where=m, keepdims=True),
-         lambda a, m: jax.nn.logsumexp(a, (0, 1), where=m, keepdims=True)),
+        (
+            lambda a, m: jsafe.logsumexp(a, axis=-1, where=m),
+            lambda a, m: jax.nn.logsumexp(a, -1, where=m),
+        ),
+        (
+            lambda a, m: jsafe.logsumexp(a, axis=(0, 1), where=m, keepdims=True),
+            lambda a, m: jax.nn.logsumexp(a, (0, 1), where=m, keepdims=True),
+        ),
         (lambda a, m: jsafe.logsumexp(a, axis=0), lambda a, m: jax.nn.logsumexp(a, 0)),
         (lambda a, m: jsafe.log_softmax(a, where=m), lambda a, m: jax.nn.log_softmax(a, where=m)),
         (lambda a, m: jsafe.log_softmax(a, axis=0), lambda a, m: jax.nn.log_softmax(a, axis=0)),
@@ -54,7 +59,9 @@ def test_lse_and_log_softmax_values_are_jax_nn_bit_for_bit(dtype, jit):
             # forward pass's exp. XLA may round a reduction of a stored exp differently from
             # one of a fused exp (the naive function's own value under jvp differs from its
             # value by an ulp too): equal to the rounding, and -inf exactly where it is
-            primal = jax.jit(lambda a: jax.jvp(lambda b: safe_f(b, mask), (a,), (jnp.ones_like(a),)))
+            primal = jax.jit(
+                lambda a: jax.jvp(lambda b: safe_f(b, mask), (a,), (jnp.ones_like(a),))
+            )
             got = np.asarray(primal(x)[0])
             np.testing.assert_array_equal(np.isinf(got), np.isinf(naive))
             np.testing.assert_allclose(got, naive, rtol=4 * np.finfo(dtype).eps)
@@ -72,7 +79,9 @@ def test_lse_and_log_softmax_gradients(dtype):
     np.testing.assert_allclose(np.asarray(g)[live], np.asarray(g0)[live], rtol=rtol, atol=rtol)
     assert (np.asarray(g)[~mask] == 0).all()
 
-    g = jax.jit(jax.grad(lambda a: jnp.sum(jnp.where(mask, jsafe.log_softmax(a, where=mask), 0) * cot)))(x)
+    g = jax.jit(
+        jax.grad(lambda a: jnp.sum(jnp.where(mask, jsafe.log_softmax(a, where=mask), 0) * cot))
+    )(x)
     p = np.where(mask, np.exp(x - x.max(-1, keepdims=True, where=mask, initial=-np.inf)), 0)
     p = p / np.where(live[:, None], p.sum(-1, keepdims=True), 1)
     cm = np.where(mask, cot, 0)
@@ -83,7 +92,9 @@ def test_lse_and_log_softmax_gradients(dtype):
     # unmasked log_softmax / softmax are jax.nn's own: the same gradients
     for f, f0 in ((jsafe.log_softmax, jax.nn.log_softmax), (jsafe.softmax, jax.nn.softmax)):
         g = jax.grad(lambda a: jnp.sum(f(a) * cot))(x)
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.grad(lambda a: jnp.sum(f0(a) * cot))(x)))
+        np.testing.assert_array_equal(
+            np.asarray(g), np.asarray(jax.grad(lambda a: jnp.sum(f0(a) * cot))(x))
+        )
 
 
 def test_lse_gradient_is_zero_on_infinite_rows():
@@ -112,10 +123,14 @@ def test_second_derivatives_finite_on_fully_masked_rows():
 # ------------------------------------------------------------------ atan2 at extreme scales
 
 
-@pytest.mark.parametrize("dtype, scales", [
-    (np.float32, [1e-37, 1e-30, 1e-19, 1e-10, 1.0, 1e10, 1e19, 1e30, 1e37]),
-    (np.float64, [1e-306, 1e-300, 1e-154, 1e-100, 1.0, 1e100, 1e154, 1e300, 1e306])],
-                         ids=["float32", "float64"])
+@pytest.mark.parametrize(
+    "dtype, scales",
+    [
+        (np.float32, [1e-37, 1e-30, 1e-19, 1e-10, 1.0, 1e10, 1e19, 1e30, 1e37]),
+        (np.float64, [1e-306, 1e-300, 1e-154, 1e-100, 1.0, 1e100, 1e154, 1e300, 1e306]),
+    ],
+    ids=["float32", "float64"],
+)
 def test_atan2_gradient_does_not_overflow_or_underflow(dtype, scales):
     """(y, x) = (3 s, 4 s): the gradient (x, -y) / (x**2 + y**2) = (4, -3) / (25 s), where
     x**2 + y**2 itself underflows or overflows."""
@@ -123,10 +138,14 @@ def test_atan2_gradient_does_not_overflow_or_underflow(dtype, scales):
         y, x = dtype(3 * s), dtype(4 * s)
         expected = np.array([4 / (25 * s), -3 / (25 * s)])
         gj = jax.jit(jax.grad(jsafe.atan2, (0, 1)))(y, x)
-        np.testing.assert_allclose(np.array(gj, dtype=np.float64), expected, rtol=4e-7 if dtype == np.float32 else 1e-15)
+        np.testing.assert_allclose(
+            np.array(gj, dtype=np.float64), expected, rtol=4e-7 if dtype == np.float32 else 1e-15
+        )
         ty, tx = (torch.tensor(v, requires_grad=True) for v in (y, x))
         tsafe.atan2(ty, tx).backward()
-        np.testing.assert_allclose([ty.grad.item(), tx.grad.item()], expected, rtol=4e-7 if dtype == np.float32 else 1e-15)
+        np.testing.assert_allclose(
+            [ty.grad.item(), tx.grad.item()], expected, rtol=4e-7 if dtype == np.float32 else 1e-15
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -140,7 +159,10 @@ def test_atan2_gradient_across_the_exponent_range(dtype):
     for y0, x0 in ((3.0, 4.0), (1.0, -1e-3), (-1e-3, 1.0)):
         y, x = (dtype(y0) * sc).astype(dtype), (dtype(x0) * sc).astype(dtype)
         h = np.float64(x0) ** 2 + np.float64(y0) ** 2  # the gradient at (y0, x0) / sc
-        want = [np.float64(x0) / h / sc.astype(np.float64), -np.float64(y0) / h / sc.astype(np.float64)]
+        want = [
+            np.float64(x0) / h / sc.astype(np.float64),
+            -np.float64(y0) / h / sc.astype(np.float64),
+        ]
         for got, w in zip(g(y, x), want):
             # XLA:CPU flushes subnormal inputs and results to zero
             ok = (np.abs(w) > info.tiny) & (np.abs(x) >= info.tiny) & (np.abs(y) >= info.tiny)
@@ -172,7 +194,9 @@ def test_atan2_gradient_at_the_origin_and_nan():
 CLIP_X = [-2.0, -0.5, -0.25, 0.0, 0.5, 0.75, 3.0, -math.inf, math.inf]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str
+)
 @pytest.mark.parametrize("extra", [[], [math.nan]], ids=["finite", "nan"])
 def test_torch_clip_fast_backward_matches_general(dtype, extra):
     x0 = torch.tensor(CLIP_X + extra, dtype=dtype)
@@ -183,8 +207,9 @@ def test_torch_clip_fast_backward_matches_general(dtype, extra):
     x = x0.clone().requires_grad_(True)
     (slow,) = torch.autograd.grad(tsafe.clip(x, -0.5, 0.5), x, g, create_graph=True)
     assert torch.equal(fast, expected) and torch.equal(slow.detach(), expected)
-    torch.testing.assert_close(tsafe.clip(x0, -0.5, 0.5), torch.clamp(x0, -0.5, 0.5),
-                               rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(
+        tsafe.clip(x0, -0.5, 0.5), torch.clamp(x0, -0.5, 0.5), rtol=0, atol=0, equal_nan=True
+    )
 
 
 def test_torch_clip_bounds_on_dtype_grid():

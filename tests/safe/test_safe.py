@@ -12,6 +12,7 @@ import pytest
 def tol(dtype) -> float:
     return 2e-5 if np.dtype(dtype) == np.float32 else 1e-12
 
+
 inf, nan = math.inf, math.nan
 M_NONE = np.array([[True, True], [False, False]])
 
@@ -62,23 +63,91 @@ SINGULAR = [
     ("clip@out", lambda s, xp, x: s.clip(x, 0.0, 1.0), [2.0], 1.0, [0.0]),
     ("clip@in", lambda s, xp, x: s.clip(x, 0.0, 1.0), [0.5], 0.5, [1.0]),
     ("norm@0", lambda s, xp, x: s.norm(x), [[0.0, 0.0, 0.0]], 0.0, [[0.0] * 3]),
-    ("norm-inf@tie", lambda s, xp, x: s.norm(x, ord=inf), [[2.0, -2.0, 1.0]], 2.0, [[0.5, -0.5, 0.0]]),
+    (
+        "norm-inf@tie",
+        lambda s, xp, x: s.norm(x, ord=inf),
+        [[2.0, -2.0, 1.0]],
+        2.0,
+        [[0.5, -0.5, 0.0]],
+    ),
     ("norm1@0", lambda s, xp, x: s.norm(x, ord=1), [[0.0, 1.0]], 1.0, [[0.0, 1.0]]),
-    ("normalize@0", lambda s, xp, x: s.normalize(x, eps=0.5), [[0.0, 0.0]], [0.0, 0.0], [[2.0, 2.0]]),
-    ("normalize-eps0@0", lambda s, xp, x: s.normalize(x, eps=0.0), [[0.0, 0.0]], [0.0, 0.0], [[0.0, 0.0]]),
+    (
+        "normalize@0",
+        lambda s, xp, x: s.normalize(x, eps=0.5),
+        [[0.0, 0.0]],
+        [0.0, 0.0],
+        [[2.0, 2.0]],
+    ),
+    (
+        "normalize-eps0@0",
+        lambda s, xp, x: s.normalize(x, eps=0.0),
+        [[0.0, 0.0]],
+        [0.0, 0.0],
+        [[0.0, 0.0]],
+    ),
     ("std@const", lambda s, xp, x: s.std(x), [[2.0, 2.0, 2.0]], 0.0, [[0.0] * 3]),
     ("std-ddof1@const", lambda s, xp, x: s.std(x, ddof=1), [[-3.0, -3.0]], 0.0, [[0.0] * 2]),
     ("var@const", lambda s, xp, x: s.var(x), [[2.0, 2.0, 2.0]], 0.0, [[0.0] * 3]),
-    ("cosine@x1=0", lambda s, xp, a, b: s.cosine_similarity(a, b, eps=0.5), [[0.0, 0.0], [3.0, 4.0]], 0.0, [[1.2, 1.6], [0.0, 0.0]]),
-    ("cosine@both0", lambda s, xp, a, b: s.cosine_similarity(a, b), [[0.0, 0.0], [0.0, 0.0]], 0.0, [[0.0, 0.0], [0.0, 0.0]]),
-    ("pairwise@same", lambda s, xp, a, b: s.pairwise_distance(a, b), [[1.0, 2.0], [1.0, 2.0]], 0.0, [[0.0, 0.0], [0.0, 0.0]]),
-    ("cdist@self", lambda s, xp, a: s.cdist(a, a), [[[0.0, 0.0], [3.0, 4.0]]], [[0.0, 5.0], [5.0, 0.0]], [[[-1.2, -1.6], [1.2, 1.6]]]),
-    ("lse@masked", lambda s, xp, x: s.logsumexp(x, axis=-1, where=M_NONE), [[[0.0, 0.0], [1.0, 2.0]]], [math.log(2), -inf], [[[0.5, 0.5], [0.0, 0.0]]]),
-    ("softmax@masked", lambda s, xp, x: s.softmax(x, where=M_NONE) * xp.asarray([[1.0, 0.0], [1.0, 0.0]], dtype=x.dtype), [[[0.0, 0.0], [1.0, 2.0]]], [[0.5, 0.0], [0.0, 0.0]], [[[0.25, -0.25], [0.0, 0.0]]]),
-    ("log_softmax@masked", lambda s, xp, x: s.log_softmax(x, where=M_NONE)[..., 0], [[[0.0, 0.0], [1.0, 2.0]]], [-math.log(2), -inf], [[[0.5, -0.5], [0.0, 0.0]]]),
+    (
+        "cosine@x1=0",
+        lambda s, xp, a, b: s.cosine_similarity(a, b, eps=0.5),
+        [[0.0, 0.0], [3.0, 4.0]],
+        0.0,
+        [[1.2, 1.6], [0.0, 0.0]],
+    ),
+    (
+        "cosine@both0",
+        lambda s, xp, a, b: s.cosine_similarity(a, b),
+        [[0.0, 0.0], [0.0, 0.0]],
+        0.0,
+        [[0.0, 0.0], [0.0, 0.0]],
+    ),
+    (
+        "pairwise@same",
+        lambda s, xp, a, b: s.pairwise_distance(a, b),
+        [[1.0, 2.0], [1.0, 2.0]],
+        0.0,
+        [[0.0, 0.0], [0.0, 0.0]],
+    ),
+    (
+        "cdist@self",
+        lambda s, xp, a: s.cdist(a, a),
+        [[[0.0, 0.0], [3.0, 4.0]]],
+        [[0.0, 5.0], [5.0, 0.0]],
+        [[[-1.2, -1.6], [1.2, 1.6]]],
+    ),
+    (
+        "lse@masked",
+        lambda s, xp, x: s.logsumexp(x, axis=-1, where=M_NONE),
+        [[[0.0, 0.0], [1.0, 2.0]]],
+        [math.log(2), -inf],
+        [[[0.5, 0.5], [0.0, 0.0]]],
+    ),
+    (
+        "softmax@masked",
+        lambda s, xp, x: (
+            s.softmax(x, where=M_NONE) * xp.asarray([[1.0, 0.0], [1.0, 0.0]], dtype=x.dtype)
+        ),
+        [[[0.0, 0.0], [1.0, 2.0]]],
+        [[0.5, 0.0], [0.0, 0.0]],
+        [[[0.25, -0.25], [0.0, 0.0]]],
+    ),
+    (
+        "log_softmax@masked",
+        lambda s, xp, x: s.log_softmax(x, where=M_NONE)[..., 0],
+        [[[0.0, 0.0], [1.0, 2.0]]],
+        [-math.log(2), -inf],
+        [[[0.5, -0.5], [0.0, 0.0]]],
+    ),
     ("where-sqrt@0", lambda s, xp, x: s.where(x > 0, xp.sqrt, 0.0, x), [0.0], 0.0, [0.0]),
     ("where-sqrt@-1", lambda s, xp, x: s.where(x > 0, xp.sqrt, 0.0, x), [-1.0], 0.0, [0.0]),
-    ("where-log@4", lambda s, xp, x: s.where(x > 0, xp.log, lambda x: x, x), [4.0], math.log(4), [0.25]),
+    (
+        "where-log@4",
+        lambda s, xp, x: s.where(x > 0, xp.log, lambda x: x, x),
+        [4.0],
+        math.log(4),
+        [0.25],
+    ),
 ]
 
 
@@ -98,7 +167,9 @@ def _close(actual, expected, rtol):
 
 
 def _check(actual, expected, dtype):
-    np.testing.assert_allclose(actual, np.asarray(expected, dtype=np.float64), rtol=tol(dtype), atol=0)
+    np.testing.assert_allclose(
+        actual, np.asarray(expected, dtype=np.float64), rtol=tol(dtype), atol=0
+    )
 
 
 @pytest.mark.parametrize("case", SINGULAR, ids=[c[0] for c in SINGULAR])
@@ -146,9 +217,11 @@ UNARY = {
     "cbrt": (lambda x: mp.power(abs(x), -mp.mpf(2) / 3) / 3, [(0.0, +1), (0.0, -1)]),
     "log": (lambda x: 1 / x, [(0.0, +1)]),
     "sinc": (
-        lambda x: (mp.cospi(x) - mp.sincpi(x)) / x
-        if abs(x) > 1e-6
-        else -(mp.pi**2) * x / 3 + mp.pi**4 * x**3 / 30,
+        lambda x: (
+            (mp.cospi(x) - mp.sincpi(x)) / x
+            if abs(x) > 1e-6
+            else -(mp.pi**2) * x / 3 + mp.pi**4 * x**3 / 30
+        ),
         [(0.0, +1), (0.0, -1)],
     ),
     "arccos": (lambda x: -1 / mp.sqrt(1 - x * x), [(1.0, -1), (-1.0, +1)]),
@@ -220,7 +293,10 @@ def test_one_sided_truth(backend, name, point, claim):
     }[name]
     side = -1 if point == 1.0 else 1
     with mp.workdps(50):
-        quots = [(f(point + side * h) - f(point)) / (side * h) for h in (mp.mpf(10) ** -k for k in (10, 20, 30))]
+        quots = [
+            (f(point + side * h) - f(point)) / (side * h)
+            for h in (mp.mpf(10) ** -k for k in (10, 20, 30))
+        ]
     converges = abs(quots[-1] - quots[-2]) < 1e-6 * (1 + abs(quots[-1]))
     (g,) = backend.grad(lambda s, xp, a: getattr(s, name)(a), np.float64(point))
     assert g == claim
@@ -256,7 +332,11 @@ def test_standardize_values(backend, dtype):
     for form in ("var_eps", "std_eps"):
         out = backend.value(lambda s, xp, a: s.standardize(a, form=form, eps=1e-5), x)
         xm = x.astype(np.float64) - x.mean(-1, keepdims=True)
-        den = np.sqrt(x.var(-1, keepdims=True) + 1e-5) if form == "var_eps" else x.std(-1, keepdims=True) + 1e-5
+        den = (
+            np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+            if form == "var_eps"
+            else x.std(-1, keepdims=True) + 1e-5
+        )
         np.testing.assert_allclose(out, xm / den, rtol=1e-5 if dtype == np.float32 else 1e-12)
     with pytest.raises(ValueError, match="form must be"):
         backend.value(lambda s, xp, a: s.standardize(a, form="bogus"), x)

@@ -33,7 +33,7 @@ def test_jax_vmap_jacfwd_jacrev_agree_at_singular_points():
 
 def test_jax_second_derivatives():
     # sinc: the true second derivative -pi**2/3 at 0
-    np.testing.assert_allclose(jax.grad(jax.grad(jsafe.sinc))(0.0), -math.pi**2 / 3, rtol=1e-14)
+    np.testing.assert_allclose(jax.grad(jax.grad(jsafe.sinc))(0.0), -(math.pi**2) / 3, rtol=1e-14)
     # sqrt: finite (0) at 0, true away from it
     assert jax.grad(jax.grad(jsafe.sqrt))(0.0) == 0
     np.testing.assert_allclose(jax.grad(jax.grad(jsafe.sqrt))(4.0), -0.25 * 4.0**-1.5)
@@ -50,7 +50,7 @@ def test_jax_second_derivatives():
 
 def test_torch_double_backward():
     for f, x0, expected in (
-        (tsafe.sinc, 0.0, -math.pi**2 / 3),
+        (tsafe.sinc, 0.0, -(math.pi**2) / 3),
         (tsafe.sqrt, 0.0, 0.0),
         (tsafe.sqrt, 4.0, -0.25 * 4.0**-1.5),
         (tsafe.log, 2.0, -0.25),
@@ -135,15 +135,19 @@ def test_property_norm_std_and_binary(x, axis):
     ):
         np.testing.assert_array_equal(f(jsafe, x), naive(x))
         g = jax.grad(lambda a: jnp.sum(f(jsafe, a)))(x)
-        np.testing.assert_allclose(g, jax.grad(lambda a: jnp.sum(naive(a)))(x), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(
+            g, jax.grad(lambda a: jnp.sum(naive(a)))(x), rtol=1e-9, atol=1e-12
+        )
         tx = torch.from_numpy(x.copy()).requires_grad_(True)
         (tg,) = torch.autograd.grad(f(tsafe, tx).sum(), tx)
         np.testing.assert_allclose(tg.numpy(), g, rtol=1e-9, atol=1e-12)
     y = np.abs(x[::-1]) + 0.5  # away from div's singular point y = 0
     for name in ("atan2", "hypot", "div"):
         np.testing.assert_allclose(
-            getattr(jsafe, name)(x, y), getattr(tsafe, name)(torch.tensor(x), torch.tensor(y)),
-            rtol=1e-15, atol=np.finfo(np.float64).tiny,  # XLA:CPU flushes subnormals, torch not
+            getattr(jsafe, name)(x, y),
+            getattr(tsafe, name)(torch.tensor(x), torch.tensor(y)),
+            rtol=1e-15,
+            atol=np.finfo(np.float64).tiny,  # XLA:CPU flushes subnormals, torch not
         )
     np.testing.assert_array_equal(jsafe.atan2(x, y), jnp.arctan2(x, y))
     np.testing.assert_array_equal(jsafe.hypot(x, y), jnp.hypot(x, y))

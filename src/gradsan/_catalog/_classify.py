@@ -50,6 +50,7 @@ _PREDICATES: dict[str, Predicate] = {}
 
 def _registrar(table: dict) -> Callable[..., Callable]:
     """A decorator factory that files a function in ``table`` under each op name it is given."""
+
     def for_ops(*ops: str) -> Callable:
         def register(fn):
             for op in ops:
@@ -507,8 +508,9 @@ def _reduce_min_tie(xp, operands, params):
     return _reduce_tie(xp, operands, {**params, "_min": True})
 
 
-def kink_mask(op: str, operands: Sequence[Any], params: Mapping[str, Any] | None = None,
-              xp: Any = np) -> Any | None:
+def kink_mask(
+    op: str, operands: Sequence[Any], params: Mapping[str, Any] | None = None, xp: Any = np
+) -> Any | None:
     """The mask of ``op``'s non-smooth points at these operands, computed with ``xp``; None
     when ``op`` has no mask written for any array module (sort, cummax, pooling, eigh: use
     :func:`classify`)."""

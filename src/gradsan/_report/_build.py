@@ -27,18 +27,23 @@ def _call_parts(where: Frame | None) -> tuple[list[str], str | None]:
 
     if where is None or where.column is None or where.end_column is None or not where.code:
         return [], None
-    expr = where.code[where.column:where.end_column]
+    expr = where.code[where.column : where.end_column]
     try:
         node = ast.parse(expr.strip(), mode="eval").body
     except SyntaxError:
         return [], None
     src = expr.strip()
-    if isinstance(node, ast.Call) and node.args and not any(
-            isinstance(a, ast.Starred) for a in node.args):
+    if (
+        isinstance(node, ast.Call)
+        and node.args
+        and not any(isinstance(a, ast.Starred) for a in node.args)
+    ):
         operands = [ast.get_source_segment(src, a) or "" for a in node.args]
     elif isinstance(node, ast.BinOp):
-        operands = [ast.get_source_segment(src, node.left) or "",
-                    ast.get_source_segment(src, node.right) or ""]
+        operands = [
+            ast.get_source_segment(src, node.left) or "",
+            ast.get_source_segment(src, node.right) or "",
+        ]
     else:
         return [], None
     target = None
@@ -47,9 +52,12 @@ def _call_parts(where: Frame | None) -> tuple[list[str], str | None]:
         stmt = ast.parse(line).body[0]
     except (SyntaxError, IndexError):
         stmt = None
-    if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-            and isinstance(stmt.targets[0], ast.Name)
-            and (ast.get_source_segment(line, stmt.value) or "").strip() == src):
+    if (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Name)
+        and (ast.get_source_segment(line, stmt.value) or "").strip() == src
+    ):
         target = stmt.targets[0].id
     return [o for o in operands if o], target
 
@@ -92,7 +100,7 @@ def adapt_fix(code: str, where: Frame | None) -> str:
     if target is not None and lines:
         m = re.match(r"^(\w+) = ", lines[-1])
         if m and m.group(1) not in ("ok",):
-            lines[-1] = f"{target} = " + lines[-1][m.end():]
+            lines[-1] = f"{target} = " + lines[-1][m.end() :]
     return "\n".join(prefix + lines)
 
 

@@ -30,7 +30,13 @@ def frame_at(code: CodeType, lasti: int, lineno: int | None = None) -> Frame | N
     frame = None
     if line is not None:
         text = linecache.getline(code.co_filename, line).rstrip("\n")
-        frame = Frame(file=code.co_filename, line=line, column=col, function=code.co_name,
-                      code=text, end_column=end)
+        frame = Frame(
+            file=code.co_filename,
+            line=line,
+            column=col,
+            function=code.co_name,
+            code=text,
+            end_column=end,
+        )
     _frames[key] = frame
     return frame

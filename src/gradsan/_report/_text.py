@@ -52,8 +52,11 @@ def _target(f: Finding) -> str:
     others = [o for o in f.outputs if o not in grads and o not in values]
     parts = []
     if values:
-        parts.append("the value" if len(values) == 1 and values[0].path == "value"
-                     else f"the value {_names(values)}")
+        parts.append(
+            "the value"
+            if len(values) == 1 and values[0].path == "value"
+            else f"the value {_names(values)}"
+        )
     if grads:
         parts.append(f"the gradient for {_names(grads)}")
     if others:
@@ -97,7 +100,9 @@ def _render_certified(f: Finding, number: int | None) -> str:
         head = f"[{number}] " + head
     lines = [head, ""]
     for v in f.detail.get("verdicts", []):
-        lines.append(f"  direction {v.get('direction')}: {v.get('verdict')}  {v.get('certificate', '')}")
+        lines.append(
+            f"  direction {v.get('direction')}: {v.get('verdict')}  {v.get('certificate', '')}"
+        )
     if f.detail.get("certificate"):
         lines.append("")
         lines += textwrap.wrap("Why: " + str(f.detail["certificate"]), 96)

@@ -35,8 +35,9 @@ def _make() -> type:
             self.guard: GradGuard | None = None
             self._batch: Any = None
 
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
-                                 batch_idx: int) -> None:
+        def on_train_batch_start(
+            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
             self._batch = (batch, batch_idx)
 
         def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:

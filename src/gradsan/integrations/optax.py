@@ -41,14 +41,31 @@ def _summary(grads: Any) -> Report:
         if jnp.issubdtype(g.dtype, jnp.inexact):
             bad = ~jnp.isfinite(g)
             if bool(bad.any()):
-                hits.append(OutputHit(jax.tree_util.keystr(path) or "grads", int(bad.sum()),
-                                      int(g.size), int(jnp.isnan(g).sum()),
-                                      int(jnp.isinf(g).sum()), "grad"))
+                hits.append(
+                    OutputHit(
+                        jax.tree_util.keystr(path) or "grads",
+                        int(bad.sum()),
+                        int(g.size),
+                        int(jnp.isnan(g).sum()),
+                        int(jnp.isinf(g).sum()),
+                        "grad",
+                    )
+                )
     report = Report(function="optax update", backend="jax")
-    report.findings.append(Finding(kind="nonfinite", catalog_id=None, phase="gradient",
-                                   primitive="?", where=None, outputs=hits))
-    report.notes.append("pass explain_fn=jax.grad(loss) to guard_finite (and the loss's other "
-                        "arguments as keywords to update) to see where the NaN/Inf was born")
+    report.findings.append(
+        Finding(
+            kind="nonfinite",
+            catalog_id=None,
+            phase="gradient",
+            primitive="?",
+            where=None,
+            outputs=hits,
+        )
+    )
+    report.notes.append(
+        "pass explain_fn=jax.grad(loss) to guard_finite (and the loss's other "
+        "arguments as keywords to update) to see where the NaN/Inf was born"
+    )
     return report
 
 
@@ -90,8 +107,11 @@ def guard_finite(
         if on_report is not None:
             on_report(report, step)
         else:
-            print(f"gradsan: skipped the update of step {step}: non-finite gradients.\n{report}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gradsan: skipped the update of step {step}: non-finite gradients.\n{report}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def init(params: Any) -> GuardFiniteState:
         z = jnp.zeros([], jnp.int32)
@@ -99,25 +119,37 @@ def guard_finite(
 
     def update(updates: Any, state: GuardFiniteState, params: Any = None, **extra: Any):
         leaves = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(updates)]
-        flags = [jnp.isfinite(jnp.sum(x * 0)) for x in leaves
-                 if jnp.issubdtype(x.dtype, jnp.inexact)]
+        flags = [
+            jnp.isfinite(jnp.sum(x * 0)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)
+        ]
         ok = jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
         eager = not isinstance(ok, jax.core.Tracer)
         if eager and not bool(ok):
             host(state.step, updates, params, extra)
         elif not eager:
-            jax.lax.cond(ok, lambda *a: None,
-                         lambda *a: jax.debug.callback(host, *a[:3], a[3]),
-                         state.step, updates, params, extra)
+            jax.lax.cond(
+                ok,
+                lambda *a: None,
+                lambda *a: jax.debug.callback(host, *a[:3], a[3]),
+                state.step,
+                updates,
+                params,
+                extra,
+            )
         new_updates, new_inner = inner.update(updates, state.inner_state, params, **extra)
         if mode == "skip":
-            new_updates = jax.tree_util.tree_map(lambda n, u: jnp.where(ok, n, jnp.zeros_like(u)),
-                                                 new_updates, updates)
-            new_inner = jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o),
-                                               new_inner, state.inner_state)
+            new_updates = jax.tree_util.tree_map(
+                lambda n, u: jnp.where(ok, n, jnp.zeros_like(u)), new_updates, updates
+            )
+            new_inner = jax.tree_util.tree_map(
+                lambda n, o: jnp.where(ok, n, o), new_inner, state.inner_state
+            )
         bad = (~ok).astype(jnp.int32)
         return new_updates, GuardFiniteState(
-            new_inner, jnp.where(ok, 0, state.notfinite_count + 1),
-            state.total_notfinite + bad, state.step + 1)
+            new_inner,
+            jnp.where(ok, 0, state.notfinite_count + 1),
+            state.total_notfinite + bad,
+            state.step + 1,
+        )
 
     return optax.GradientTransformationExtraArgs(init, update)

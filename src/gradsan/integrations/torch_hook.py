@@ -34,9 +34,14 @@ from ..torch._mode import all_finite
 class GradGuard:
     """Guard a model's gradients in a plain loop (and optionally an optimizer's step)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 *, mode: Literal["raise", "skip"] = "raise",
-                 on_report: Callable[[Report, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        mode: Literal["raise", "skip"] = "raise",
+        on_report: Callable[[Report, int], None] | None = None,
+    ) -> None:
         if mode not in ("raise", "skip"):
             raise ValueError(f"GradGuard: mode must be 'raise' or 'skip', not {mode!r}")
         self.model = model
@@ -78,10 +83,16 @@ class GradGuard:
         if report is None or report.ok:
             namer = Namer()
             namer.add_modules([(self.model, "model")])
-            hits = [output_hit(namer.name(p), p.grad) for p in params
-                    if p.grad is not None and not all_finite(p.grad)]
-            report = _failure_report("the training step", hits, [
-                "pass check(replay=lambda: loss_fn(model(batch))) to see where it was born"])
+            hits = [
+                output_hit(namer.name(p), p.grad)
+                for p in params
+                if p.grad is not None and not all_finite(p.grad)
+            ]
+            report = _failure_report(
+                "the training step",
+                hits,
+                ["pass check(replay=lambda: loss_fn(model(batch))) to see where it was born"],
+            )
         self.reports.append(report)
         step = self.steps - 1
         if self.mode == "raise":
@@ -92,8 +103,11 @@ class GradGuard:
         if self.on_report is not None:
             self.on_report(report, step)
         else:
-            print(f"gradsan: skipped step {step}: non-finite gradients.\n{report}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"gradsan: skipped step {step}: non-finite gradients.\n{report}",
+                file=sys.stderr,
+                flush=True,
+            )
         return False
 
     def _explain(self, replay: Callable[[], Any]) -> Report:

@@ -1,8 +1,8 @@
 """gradsan's JAX backend.
 
-    import gradsan.jax as gsj
-    print(gsj.explain(jax.grad(loss))(params))     # where a NaN gradient was born, and why
-    step = gsj.guard(train_step)                    # raises gradsan.NonFiniteError, with the report
+import gradsan.jax as gsj
+print(gsj.explain(jax.grad(loss))(params))     # where a NaN gradient was born, and why
+step = gsj.guard(train_step)                    # raises gradsan.NonFiniteError, with the report
 """
 
 from . import safe as safe

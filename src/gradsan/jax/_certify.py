@@ -73,7 +73,8 @@ class IntVal:
 
 def _is_float_aval(aval) -> bool:
     return np.issubdtype(np.dtype(aval.dtype), np.floating) or np.issubdtype(
-        np.dtype(aval.dtype), np.complexfloating)
+        np.dtype(aval.dtype), np.complexfloating
+    )
 
 
 def _lift(x, aval=None) -> Series | IntVal:
@@ -222,8 +223,7 @@ def bwd_jaxpr(ctx: Ctx, tape: Tape, out_cots: list) -> list:
         if not any(need):
             continue
         ins = [_read(tape.env, v) for v in eqn.invars]
-        outs = [tape.env.get(v) if not isinstance(v, jcore.DropVar) else None
-                for v in eqn.outvars]
+        outs = [tape.env.get(v) if not isinstance(v, jcore.DropVar) else None for v in eqn.outvars]
         for k, (c, o) in enumerate(zip(couts, outs)):
             if c is None and isinstance(o, Series):
                 couts[k] = Series.zeros(o.shape)
@@ -249,19 +249,27 @@ def _fit(c: Series, shape) -> Series:
         return c
     if not shape:
         axes = tuple(range(len(c.shape)))
-        return S.apply_linear(c, lambda a: np.sum(a, axis=axes),
-                              lambda h: np.min(h, axis=axes), lambda b: np.max(b, axis=axes))
+        return S.apply_linear(
+            c,
+            lambda a: np.sum(a, axis=axes),
+            lambda h: np.min(h, axis=axes),
+            lambda b: np.max(b, axis=axes),
+        )
     lead_n = len(c.shape) - len(shape)
     axes = tuple(range(lead_n)) + tuple(
-        lead_n + i for i, n in enumerate(shape) if n == 1 and c.shape[lead_n + i] != 1)
+        lead_n + i for i, n in enumerate(shape) if n == 1 and c.shape[lead_n + i] != 1
+    )
 
     def f(a, red=np.sum):
         return np.reshape(red(a, axis=axes), shape) if axes else np.reshape(a, shape)
 
     hu = S.uniform_h(c)  # uniform horizon, no flags: no reductions for them
     fH = (lambda h: np.full(shape, hu)) if hu is not None else functools.partial(f, red=np.min)
-    fbad = (lambda b: np.zeros(shape, np.int8)) if not np.count_nonzero(c.bad) else \
-        functools.partial(f, red=np.max)
+    fbad = (
+        (lambda b: np.zeros(shape, np.int8))
+        if not np.count_nonzero(c.bad)
+        else functools.partial(f, red=np.max)
+    )
     return S.apply_linear(c, f, fH, fbad)
 
 
@@ -335,8 +343,7 @@ def _atan(u):
     pole = S._pole_mask(u)
     if not pole.any():
         out = S.analytic(u, S.taylor_atan)
-        return out if u.inf is None else S.set_exact(out, *S.hard_limits(u, -np.pi / 2,
-                                                                          np.pi / 2))
+        return out if u.inf is None else S.set_exact(out, *S.hard_limits(u, -np.pi / 2, np.pi / 2))
     sg, und = S.sign_of(u)
     one = Series.exact(np.ones(u.shape))
     w = S.analytic(S.inv(S.select(pole, u, one)), S.taylor_atan)
@@ -351,8 +358,10 @@ def _sq(u):
 
 def _tanh_exp(u):
     """tanh u = 1 - 2 / (exp(2 u) + 1)."""
-    return S.sub(Series.exact(np.ones(u.shape)),
-                 S.scale(S.inv(S.add_const(S.exp(S.scale(u, 2.0)), 1.0)), 2.0))
+    return S.sub(
+        Series.exact(np.ones(u.shape)),
+        S.scale(S.inv(S.add_const(S.exp(S.scale(u, 2.0)), 1.0)), 2.0),
+    )
 
 
 def _logistic_exp(u):
@@ -409,33 +418,54 @@ UNARY: dict[str, tuple[Callable, Callable]] = {
     "exp": (S.exp, lambda u, o: o),
     "exp2": (lambda u: S.exp(S.scale(u, math.log(2))), lambda u, o: S.scale(o, math.log(2))),
     "expm1": (_expm1, lambda u, o: S.add_const(o, 1.0)),
-    "tanh": (lambda u: S.saturating(u, S.taylor_tanh, -1.0, 1.0, _tanh_exp),
-             lambda u, o: S.sub(Series.exact(np.ones(u.shape)), _sq(o))),
-    "logistic": (lambda u: S.saturating(u, S.taylor_logistic, 0.0, 1.0, _logistic_exp),
-                 lambda u, o: S.sub(o, _sq(o))),
-    "erf": (lambda u: S.saturating(u, S.taylor_erf, -1.0, 1.0),
-            lambda u, o: S.scale(S.exp(S.neg(_sq(u))), _SQRT_PI)),
-    "erfc": (lambda u: S.sub(Series.exact(np.ones(u.shape)),
-                             S.saturating(u, S.taylor_erf, -1.0, 1.0)),
-             lambda u, o: S.scale(S.exp(S.neg(_sq(u))), -_SQRT_PI)),
-    "sin": (lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_sin), u),
-            lambda u, o: S.analytic(u, S.taylor_cos)),
-    "cos": (lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_cos), u),
-            lambda u, o: S.neg(S.analytic(u, S.taylor_sin))),
-    "tan": (lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_tan), u),
-            lambda u, o: S.add_const(_sq(o), 1.0)),
+    "tanh": (
+        lambda u: S.saturating(u, S.taylor_tanh, -1.0, 1.0, _tanh_exp),
+        lambda u, o: S.sub(Series.exact(np.ones(u.shape)), _sq(o)),
+    ),
+    "logistic": (
+        lambda u: S.saturating(u, S.taylor_logistic, 0.0, 1.0, _logistic_exp),
+        lambda u, o: S.sub(o, _sq(o)),
+    ),
+    "erf": (
+        lambda u: S.saturating(u, S.taylor_erf, -1.0, 1.0),
+        lambda u, o: S.scale(S.exp(S.neg(_sq(u))), _SQRT_PI),
+    ),
+    "erfc": (
+        lambda u: S.sub(Series.exact(np.ones(u.shape)), S.saturating(u, S.taylor_erf, -1.0, 1.0)),
+        lambda u, o: S.scale(S.exp(S.neg(_sq(u))), -_SQRT_PI),
+    ),
+    "sin": (
+        lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_sin), u),
+        lambda u, o: S.analytic(u, S.taylor_cos),
+    ),
+    "cos": (
+        lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_cos), u),
+        lambda u, o: S.neg(S.analytic(u, S.taylor_sin)),
+    ),
+    "tan": (
+        lambda u: S.periodic_at_inf(S.analytic(u, S.taylor_tan), u),
+        lambda u, o: S.add_const(_sq(o), 1.0),
+    ),
     "atan": (lambda u: _atan(u), lambda u, o: S.inv(S.add_const(_sq(u), 1.0))),
     "atanh": (_atanh, lambda u, o: S.inv(_one_minus_sq(u))),
     "asin": (_asin, lambda u, o: S.power(_one_minus_sq(u), R(-1, 2))),
     "acos": (_acos, lambda u, o: S.neg(S.power(_one_minus_sq(u), R(-1, 2)))),
-    "sinh": (lambda u: S.scale(S.sub(S.exp(u), S.exp(S.neg(u))), 0.5),
-             lambda u, o: S.scale(S.add(S.exp(u), S.exp(S.neg(u))), 0.5)),
-    "cosh": (lambda u: S.scale(S.add(S.exp(u), S.exp(S.neg(u))), 0.5),
-             lambda u, o: S.scale(S.sub(S.exp(u), S.exp(S.neg(u))), 0.5)),
-    "asinh": (lambda u: S.log(S.add(u, S.power(S.add_const(_sq(u), 1.0), R(1, 2)))),
-              lambda u, o: S.power(S.add_const(_sq(u), 1.0), R(-1, 2))),
-    "acosh": (lambda u: S.log(S.add(u, S.power(S.add_const(_sq(u), -1.0), R(1, 2)))),
-              lambda u, o: S.power(S.add_const(_sq(u), -1.0), R(-1, 2))),
+    "sinh": (
+        lambda u: S.scale(S.sub(S.exp(u), S.exp(S.neg(u))), 0.5),
+        lambda u, o: S.scale(S.add(S.exp(u), S.exp(S.neg(u))), 0.5),
+    ),
+    "cosh": (
+        lambda u: S.scale(S.add(S.exp(u), S.exp(S.neg(u))), 0.5),
+        lambda u, o: S.scale(S.sub(S.exp(u), S.exp(S.neg(u))), 0.5),
+    ),
+    "asinh": (
+        lambda u: S.log(S.add(u, S.power(S.add_const(_sq(u), 1.0), R(1, 2)))),
+        lambda u, o: S.power(S.add_const(_sq(u), 1.0), R(-1, 2)),
+    ),
+    "acosh": (
+        lambda u: S.log(S.add(u, S.power(S.add_const(_sq(u), -1.0), R(1, 2)))),
+        lambda u, o: S.power(S.add_const(_sq(u), -1.0), R(-1, 2)),
+    ),
     "square": (_sq, lambda u, o: S.scale(u, 2.0)),
     "abs": (_abs, _abs_partial),
     "sign": (_sign, _sign_partial),
@@ -565,8 +595,11 @@ BWD["stop_gradient"] = lambda ctx, eqn, ins, outs, aux, cots, need: [None]
 
 def _convert_fwd(ctx, eqn, ins, act):
     x = ins[0]
-    new = np.dtype(eqn.params["new_dtype"]) if str(eqn.params["new_dtype"]) != "bfloat16" \
+    new = (
+        np.dtype(eqn.params["new_dtype"])
+        if str(eqn.params["new_dtype"]) != "bfloat16"
         else np.dtype(np.float32)
+    )
     to_float = np.issubdtype(new, np.floating)
     if isinstance(x, IntVal):
         if to_float:
@@ -589,16 +622,26 @@ def _convert_fwd(ctx, eqn, ins, act):
         base = np.trunc(c0)
         # at an integer c0 the sign of the rest decides the side (truncation toward zero)
         step = np.where(integral & (sg < 0) & (c0 > 0), -1, 0) + np.where(
-            integral & (sg > 0) & (c0 < 0), 1, 0)
+            integral & (sg > 0) & (c0 < 0), 1, 0
+        )
         vals = base + step
         undec = undec | (integral & und)
-    return [IntVal(np.asarray(vals).astype(new), np.where(dom, DOMAIN, np.where(
-        undec, np.where(x.bad == POISON, PUNDEC, np.maximum(x.bad, UNDEC)), OK)))], None
+    return [
+        IntVal(
+            np.asarray(vals).astype(new),
+            np.where(
+                dom,
+                DOMAIN,
+                np.where(undec, np.where(x.bad == POISON, PUNDEC, np.maximum(x.bad, UNDEC)), OK),
+            ),
+        )
+    ], None
 
 
 FWD["convert_element_type"] = _convert_fwd
 BWD["convert_element_type"] = lambda ctx, eqn, ins, outs, aux, cots, need: [
-    cots[0] if isinstance(ins[0], Series) and isinstance(outs[0], Series) else None]
+    cots[0] if isinstance(ins[0], Series) and isinstance(outs[0], Series) else None
+]
 
 
 # -- elementwise binary -----------------------------------------------------------------------
@@ -623,8 +666,7 @@ def _constant_of_itself(cots: list, where) -> list:
     """The cotangents of ``a - a`` or ``a / a``: a constant function of x (0, 1) wherever
     ``where`` holds, so exact zeros there whatever the cotangent (even an infinite one, as
     arccos'(1) in arccos(x / x)); the two usual halves, which cancel, elsewhere."""
-    return [None if c is None else S.restrict(c, ~np.broadcast_to(where, c.shape))
-            for c in cots]
+    return [None if c is None else S.restrict(c, ~np.broadcast_to(where, c.shape)) for c in cots]
 
 
 for _n in ("add", "sub", "add_any"):
@@ -763,8 +805,10 @@ def _atan2_bwd(ctx, eqn, ins, outs, aux, cots, need):
     c = cots[0]
     if y.inf is not None or x.inf is not None:  # constant where an argument is infinite
         c = S.restrict(c, ~S.atan2_at_inf(y, x)[0])
-    return [S.rmul(c, S.mul(x, r)) if need[0] else None,
-            S.neg(S.rmul(c, S.mul(y, r))) if need[1] else None]
+    return [
+        S.rmul(c, S.mul(x, r)) if need[0] else None,
+        S.neg(S.rmul(c, S.mul(y, r))) if need[1] else None,
+    ]
 
 
 FWD["atan2"] = _atan2_fwd
@@ -786,13 +830,17 @@ def _cmp_sign(a, b):
         # a finite value (for each t) loses to a hard infinity, a bounded one to any infinity
         fa, fb = np.broadcast_to(a.bad == OK, shape), np.broadcast_to(b.bad == OK, shape)
         ba, bb = np.broadcast_to(S.bounded(a), shape), np.broadcast_to(S.bounded(b), shape)
-        dec = ((sa != 0) & (((sb != 0) & (sb != sa)) | bb | (ha & fb))) | \
-            ((sb != 0) & (ba | (hb & fa)))
+        dec = ((sa != 0) & (((sb != 0) & (sb != sa)) | bb | (ha & fb))) | (
+            (sb != 0) & (ba | (hb & fa))
+        )
         sg = np.where(dec, np.where(sa != 0, sa, -sb), sg).astype(np.float64)
         und = und & ~dec
     worst = np.maximum(np.broadcast_to(a.bad, shape), np.broadcast_to(b.bad, shape))
-    codes = np.where(worst == DOMAIN, DOMAIN, np.where(
-        und, np.where((worst == POISON) | (worst == PUNDEC), PUNDEC, UNDEC), OK)).astype(np.int8)
+    codes = np.where(
+        worst == DOMAIN,
+        DOMAIN,
+        np.where(und, np.where((worst == POISON) | (worst == PUNDEC), PUNDEC, UNDEC), OK),
+    ).astype(np.int8)
     return sg, und, (sg == 0) & ~und, codes
 
 
@@ -849,16 +897,24 @@ def _clamp_bwd(ctx, eqn, ins, outs, aux, cots, need):
     w_x1, w_lo, u1, w_m1, w_hi, u2 = aux
     c = cots[0]
     c_m1 = _weighted(c, w_m1, u2)
-    return [_weighted(c_m1, w_lo, u1) if need[0] else None,
-            _weighted(c_m1, w_x1, u1) if need[1] else None,
-            _weighted(c, w_hi, u2) if need[2] else None]
+    return [
+        _weighted(c_m1, w_lo, u1) if need[0] else None,
+        _weighted(c_m1, w_x1, u1) if need[1] else None,
+        _weighted(c, w_hi, u2) if need[2] else None,
+    ]
 
 
 FWD["clamp"] = _clamp_fwd
 BWD["clamp"] = _clamp_bwd
 
-_CMP = {"gt": lambda s: s > 0, "ge": lambda s: s >= 0, "lt": lambda s: s < 0,
-        "le": lambda s: s <= 0, "eq": lambda s: s == 0, "ne": lambda s: s != 0}
+_CMP = {
+    "gt": lambda s: s > 0,
+    "ge": lambda s: s >= 0,
+    "lt": lambda s: s < 0,
+    "le": lambda s: s <= 0,
+    "eq": lambda s: s == 0,
+    "ne": lambda s: s != 0,
+}
 # total-order comparisons (lax.lt_to, ...): the same on numbers and infinities; a NaN, which the
 # total order places, is undecided here
 _CMP.update({"lt_to": _CMP["lt"], "le_to": _CMP["le"], "eq_to": _CMP["eq"]})
@@ -874,8 +930,9 @@ def _cmp_fwd(ctx, eqn, ins, act):
         nan = S.nan_mask(a) | (a.bad == DOMAIN)  # domain is NaN for every small t)
         known = ((a.bad == OK) | ((code != 0) & ~nan)) & ~(nan & name.endswith("_to"))
         res = np.where(nan, name == "ne", _CMP[name](np.zeros(a.shape)))
-        codes = np.where(known | (nan & ~name.endswith("_to")), OK,
-                         _choice_codes(a.bad, a.shape)).astype(np.int8)
+        codes = np.where(
+            known | (nan & ~name.endswith("_to")), OK, _choice_codes(a.bad, a.shape)
+        ).astype(np.int8)
         return [IntVal(res, codes)], None
     sg, und, _, codes = _cmp_sign(a, b)
     res = _CMP[name](sg)
@@ -920,7 +977,8 @@ def _choice_codes(bad, shape) -> np.ndarray:
     """The status of a value chosen by an index or predicate with status ``bad``."""
     b = np.broadcast_to(bad, shape)
     return np.where(b == POISON, PUNDEC, np.where(b == OK, OK, np.maximum(b, PUNDEC))).astype(
-        np.int8)
+        np.int8
+    )
 
 
 def _select_bwd(ctx, eqn, ins, outs, aux, cots, need):
@@ -963,11 +1021,19 @@ def _lin_rule(fwd_np: Callable, bwd_np: Callable, reduce: bool = False):
     def fwd(ctx, eqn, ins, act):
         x = ins[0]
         if isinstance(x, IntVal):
-            return [IntVal(fwd_np(eqn, x.x), fwd_np(eqn, x.bad) if not reduce else
-                           fwd_np(eqn, x.bad, np.max))], None
+            return [
+                IntVal(
+                    fwd_np(eqn, x.x),
+                    fwd_np(eqn, x.bad) if not reduce else fwd_np(eqn, x.bad, np.max),
+                )
+            ], None
         if reduce:
-            out = S.apply_linear(x, lambda a: fwd_np(eqn, a), lambda h: fwd_np(eqn, h, np.min),
-                                 lambda b: fwd_np(eqn, b, np.max))
+            out = S.apply_linear(
+                x,
+                lambda a: fwd_np(eqn, a),
+                lambda h: fwd_np(eqn, h, np.min),
+                lambda b: fwd_np(eqn, b, np.max),
+            )
             if x.inf is not None:
                 out = S.with_inf(out, S.sum_inf(x, lambda m, red: fwd_np(eqn, m, red)))
             return [out], None
@@ -980,12 +1046,19 @@ def _lin_rule(fwd_np: Callable, bwd_np: Callable, reduce: bool = False):
             return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape))] + [None] * (len(ins) - 1)
         # a uniform horizon maps to itself (not for slice: its padding is an exact zero)
         hu = S.uniform_h(c) if eqn.primitive.name != "slice" else None
-        fH = (lambda h: np.full(shape, hu)) if hu is not None else \
-            (lambda h: bwd_np(eqn, h, shape, fill=np.inf))
-        fbad = (lambda b: np.zeros(shape, np.int8)) if not np.count_nonzero(c.bad) else \
-            (lambda b: bwd_np(eqn, b, shape))
-        return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape), fH, fbad)] + \
-            [None] * (len(ins) - 1)
+        fH = (
+            (lambda h: np.full(shape, hu))
+            if hu is not None
+            else (lambda h: bwd_np(eqn, h, shape, fill=np.inf))
+        )
+        fbad = (
+            (lambda b: np.zeros(shape, np.int8))
+            if not np.count_nonzero(c.bad)
+            else (lambda b: bwd_np(eqn, b, shape))
+        )
+        return [S.apply_linear(c, lambda a: bwd_np(eqn, a, shape), fH, fbad)] + [None] * (
+            len(ins) - 1
+        )
 
     return fwd, bwd
 
@@ -999,8 +1072,11 @@ def _reshape_f(eqn, a, *_):
     dims = _reshape_dims(eqn)
     if dims is not None:
         a = np.transpose(a, dims)
-    return np.reshape(a, eqn.params["new_sizes"]) if "new_sizes" in eqn.params else np.reshape(
-        a, eqn.outvars[0].aval.shape)
+    return (
+        np.reshape(a, eqn.params["new_sizes"])
+        if "new_sizes" in eqn.params
+        else np.reshape(a, eqn.outvars[0].aval.shape)
+    )
 
 
 def _reshape_b(eqn, a, shape, fill=0.0):
@@ -1095,10 +1171,15 @@ def _cumsum_b(eqn, a, shape, fill=0.0):
     return np.flip(np.cumsum(np.flip(a, ax), axis=ax), ax)
 
 
-for _n, _fw, _bw in (("reshape", _reshape_f, _reshape_b), ("transpose", _transpose_f, _transpose_b),
-                     ("broadcast_in_dim", _bcast_f, _bcast_b), ("squeeze", _squeeze_f, _reshape_b),
-                     ("expand_dims", _expand_f, _reshape_b), ("slice", _slice_f, _slice_b),
-                     ("rev", _rev_f, _rev_b)):
+for _n, _fw, _bw in (
+    ("reshape", _reshape_f, _reshape_b),
+    ("transpose", _transpose_f, _transpose_b),
+    ("broadcast_in_dim", _bcast_f, _bcast_b),
+    ("squeeze", _squeeze_f, _reshape_b),
+    ("expand_dims", _expand_f, _reshape_b),
+    ("slice", _slice_f, _slice_b),
+    ("rev", _rev_f, _rev_b),
+):
     FWD[_n], BWD[_n] = _lin_rule(_fw, _bw)
 
 FWD["reduce_sum"], BWD["reduce_sum"] = _lin_rule(_reduce_sum_f, _reduce_sum_b, reduce=True)
@@ -1114,14 +1195,25 @@ def _cumsum_fwd(ctx, eqn, ins, act):
             return np.flip(ufunc.accumulate(np.flip(a, ax), axis=ax), ax)
         return ufunc.accumulate(a, axis=ax)
 
-    return [S.apply_linear(x, lambda a: _cumsum_f(eqn, a), lambda h: acc(h, np.minimum),
-                           lambda b: acc(b, np.maximum))], None
+    return [
+        S.apply_linear(
+            x,
+            lambda a: _cumsum_f(eqn, a),
+            lambda h: acc(h, np.minimum),
+            lambda b: acc(b, np.maximum),
+        )
+    ], None
 
 
 def _cumsum_bwd(ctx, eqn, ins, outs, aux, cots, need):
-    return [S.apply_linear(cots[0], lambda a: _cumsum_b(eqn, a, None),
-                           lambda h: np.full(h.shape, np.min(h) if h.size else np.inf),
-                           lambda b: np.full(b.shape, np.max(b) if b.size else 0))]
+    return [
+        S.apply_linear(
+            cots[0],
+            lambda a: _cumsum_b(eqn, a, None),
+            lambda h: np.full(h.shape, np.min(h) if h.size else np.inf),
+            lambda b: np.full(b.shape, np.max(b) if b.size else 0),
+        )
+    ]
 
 
 FWD["cumsum"] = _cumsum_fwd
@@ -1131,12 +1223,15 @@ BWD["cumsum"] = _cumsum_bwd
 def _concat_fwd(ctx, eqn, ins, act):
     d = eqn.params["dimension"]
     if all(isinstance(x, IntVal) for x in ins):
-        return [IntVal(np.concatenate([x.x for x in ins], d),
-                       np.concatenate([x.bad for x in ins], d))], None
+        return [
+            IntVal(np.concatenate([x.x for x in ins], d), np.concatenate([x.bad for x in ins], d))
+        ], None
     ss = [Series.exact(x.x.astype(np.float64)) if isinstance(x, IntVal) else x for x in ins]
     keys = set().union(*(s.terms for s in ss))
-    terms = {k: np.concatenate([np.broadcast_to(s.terms.get(k, 0.0), s.shape) for s in ss], d)
-             for k in keys}
+    terms = {
+        k: np.concatenate([np.broadcast_to(s.terms.get(k, 0.0), s.shape) for s in ss], d)
+        for k in keys
+    }
     H = np.concatenate([s.H for s in ss], d)
     bad = np.concatenate([s.bad for s in ss], d)
     out = S.mk(terms, H, bad, H.shape)
@@ -1153,8 +1248,9 @@ def _split_series(c: Series, sizes: list, axis: int) -> list:
         hi = lo + sizes[k]
         sl = [slice(None)] * len(c.shape)
         sl[axis] = slice(lo, hi)
-        parts.append(S.apply_linear(c, lambda a, sl=tuple(sl): a[sl],
-                                    finf=lambda a, sl=tuple(sl): a[sl]))
+        parts.append(
+            S.apply_linear(c, lambda a, sl=tuple(sl): a[sl], finf=lambda a, sl=tuple(sl): a[sl])
+        )
     return parts
 
 
@@ -1173,7 +1269,9 @@ def _split_fwd(ctx, eqn, ins, act):
     ax = eqn.params["axis"]
     if isinstance(x, IntVal):
         idx = np.cumsum(sizes)[:-1]
-        return [IntVal(a, b) for a, b in zip(np.split(x.x, idx, ax), np.split(x.bad, idx, ax))], None
+        return [
+            IntVal(a, b) for a, b in zip(np.split(x.x, idx, ax), np.split(x.bad, idx, ax))
+        ], None
     return _split_series(x, sizes, ax), None
 
 
@@ -1196,8 +1294,7 @@ def _stack_fwd(ctx, eqn, ins, act):
 
 def _stack_bwd(ctx, eqn, ins, outs, aux, cots, need):
     ax = eqn.params.get("axis", 0)
-    return [S.apply_linear(cots[0], lambda a, k=k: np.take(a, k, axis=ax))
-            for k in range(len(ins))]
+    return [S.apply_linear(cots[0], lambda a, k=k: np.take(a, k, axis=ax)) for k in range(len(ins))]
 
 
 FWD["stack"] = _stack_fwd
@@ -1234,8 +1331,11 @@ def _dot_subscripts_of(dn, ra: int, rb: int):
     for j in range(rb):
         if lb_[j] is None:
             lb_[j] = next(letters)
-    out = [la[i] for i in lb] + [la[i] for i in range(ra) if i not in lb and i not in lc] + \
-        [lb_[j] for j in range(rb) if j not in rb_ and j not in rc]
+    out = (
+        [la[i] for i in lb]
+        + [la[i] for i in range(ra) if i not in lb and i not in lc]
+        + [lb_[j] for j in range(rb) if j not in rb_ and j not in rc]
+    )
     return "".join(la), "".join(lb_), "".join(out)
 
 
@@ -1268,9 +1368,14 @@ def _plan2(spec: str, sa: tuple, sb: tuple):
     pa = [ia.index(c) for c in batch + fa + contr]
     pb = [ib.index(c) for c in batch + contr + fb]
     prod_idx = batch + fa + fb
-    return (pa, tuple(bshape + [na, nc]), pb, tuple(bshape + [nc, nb]),
-            tuple(bshape + [dims[c] for c in fa] + [dims[c] for c in fb]),
-            [prod_idx.index(c) for c in so])
+    return (
+        pa,
+        tuple(bshape + [na, nc]),
+        pb,
+        tuple(bshape + [nc, nb]),
+        tuple(bshape + [dims[c] for c in fa] + [dims[c] for c in fb]),
+        [prod_idx.index(c) for c in so],
+    )
 
 
 def _einsum2(spec: str, a, b) -> np.ndarray:
@@ -1349,8 +1454,11 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
                 nz = M[j][px[i]] != 0
             else:
                 nz = _contract_nonzero(spec, sx, sy, so, kx[i][1], ky[j][1])
-            H = np.where(nz, np.minimum(H, float(e)), H) if nz is not True else \
-                np.minimum(H, float(e))
+            H = (
+                np.where(nz, np.minimum(H, float(e)), H)
+                if nz is not True
+                else np.minimum(H, float(e))
+            )
             continue
         k = (e, jj)
         p = P[(i, j)]
@@ -1540,10 +1648,12 @@ def _reduce_max_fwd(ctx, eqn, ins, act):
         return [out], (np.zeros(x.shape), np.zeros(shape, bool))
     cand, und, inf = _tournament(x, axes, big)
     w = cand / np.sum(cand, axis=axes, keepdims=True)
-    out = S.apply_linear(S.scale(S.restrict(x, cand) if x.inf is not None else x, w),
-                         lambda a: np.sum(a, axis=axes),
-                         lambda h: np.min(np.where(cand, h, np.inf), axis=axes),
-                         lambda b: np.max(b, axis=axes))
+    out = S.apply_linear(
+        S.scale(S.restrict(x, cand) if x.inf is not None else x, w),
+        lambda a: np.sum(a, axis=axes),
+        lambda h: np.min(np.where(cand, h, np.inf), axis=axes),
+        lambda b: np.max(b, axis=axes),
+    )
     if inf is not None:
         out = S.with_inf(out, inf)
     return [S.flag(out, und, UNDEC)], (w, und)
@@ -1655,8 +1765,11 @@ def _sort_fwd(ctx, eqn, ins, act):
         eq = np.ones(np.shape(sorted_keys[0]), bool)
         for c in sorted_keys:
             d = np.diff(c, axis=dim) == 0
-            eq = eq[tuple(slice(None) if i != dim else slice(0, -1) for i in range(eq.ndim))] \
-                if eq.shape[dim] != d.shape[dim] else eq
+            eq = (
+                eq[tuple(slice(None) if i != dim else slice(0, -1) for i in range(eq.ndim))]
+                if eq.shape[dim] != d.shape[dim]
+                else eq
+            )
             eq = eq & d
         lo = tuple(slice(None) if i != dim else slice(0, -1) for i in range(hs.ndim))
         hi = tuple(slice(None) if i != dim else slice(1, None) for i in range(hs.ndim))
@@ -1688,8 +1801,11 @@ def _sort_bwd(ctx, eqn, ins, outs, aux, cots, need):
     res = []
     for x, c, n in zip(ins, cots, need):
         if n and c is not None and isinstance(x, Series):
-            res.append(S.apply_linear(c, lambda a: np.take_along_axis(
-                np.broadcast_to(a, inv.shape), inv, axis=dim)))
+            res.append(
+                S.apply_linear(
+                    c, lambda a: np.take_along_axis(np.broadcast_to(a, inv.shape), inv, axis=dim)
+                )
+            )
         else:
             res.append(None)
     return res
@@ -1701,11 +1817,43 @@ BWD["sort"] = _sort_bwd
 
 # primitives whose value depends only on their inputs and params: a repeated equation is
 # evaluated once per ray (see Ctx.memo)
-_PURE = set(UNARY) | set(_CMP) | {
-    "integer_pow", "convert_element_type", "add", "sub", "add_any", "mul", "div", "pow", "atan2",
-    "max", "min", "clamp", "select_n", "is_finite", "reshape", "transpose", "broadcast_in_dim",
-    "squeeze", "expand_dims", "slice", "rev", "reduce_sum", "cumsum", "concatenate",
-    "dot_general", "reduce_max", "reduce_min", "argmax", "argmin", "copy", "copy_p"}
+_PURE = (
+    set(UNARY)
+    | set(_CMP)
+    | {
+        "integer_pow",
+        "convert_element_type",
+        "add",
+        "sub",
+        "add_any",
+        "mul",
+        "div",
+        "pow",
+        "atan2",
+        "max",
+        "min",
+        "clamp",
+        "select_n",
+        "is_finite",
+        "reshape",
+        "transpose",
+        "broadcast_in_dim",
+        "squeeze",
+        "expand_dims",
+        "slice",
+        "rev",
+        "reduce_sum",
+        "cumsum",
+        "concatenate",
+        "dot_general",
+        "reduce_max",
+        "reduce_min",
+        "argmax",
+        "argmin",
+        "copy",
+        "copy_p",
+    }
+)
 
 
 # -- higher-order primitives -----------------------------------------------------------------
@@ -1728,8 +1876,19 @@ def _call_bwd(ctx, eqn, ins, outs, aux, cots, need):
     return bwd_jaxpr(ctx, aux, cots)
 
 
-for _n in ("pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat",
-           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "named_call"):
+for _n in (
+    "pjit",
+    "jit",
+    "closed_call",
+    "core_call",
+    "remat2",
+    "checkpoint",
+    "remat",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "named_call",
+):
     FWD[_n] = _call_fwd
     BWD[_n] = _call_bwd
 
@@ -1772,8 +1931,8 @@ def _scan_fwd(ctx, eqn, ins, act):
     jaxpr, jconsts = _closed(p["jaxpr"])
     nc, ncar, length = p["num_consts"], p["num_carry"], p["length"]
     rev = p.get("reverse", False)
-    consts, carry, xs = ins[:nc], list(ins[nc:nc + ncar]), ins[nc + ncar:]
-    a_c, a_car, a_xs = act[:nc], list(act[nc:nc + ncar]), act[nc + ncar:]
+    consts, carry, xs = ins[:nc], list(ins[nc : nc + ncar]), ins[nc + ncar :]
+    a_c, a_car, a_xs = act[:nc], list(act[nc : nc + ncar]), act[nc + ncar :]
     tapes = []
     ys_per: list = []
     # a carry becomes active once anything feeding it is: iterate to a fixed point cheaply
@@ -1810,17 +1969,22 @@ def _scan_bwd(ctx, eqn, ins, outs, aux, cots, need):
     for i, tape in reversed(tapes):
         yc = [None if c is None else _slice0(c, i) for c in c_ys]
         outc = [*c_carry, *yc]
-        outc = [c if c is not None or not isinstance(tape.env.get(v), Series)
-                else Series.zeros(tape.env[v].shape) if not isinstance(v, jcore.Literal) else None
-                for c, v in zip(outc, tape.jaxpr.outvars)]
+        outc = [
+            c
+            if c is not None or not isinstance(tape.env.get(v), Series)
+            else Series.zeros(tape.env[v].shape)
+            if not isinstance(v, jcore.Literal)
+            else None
+            for c, v in zip(outc, tape.jaxpr.outvars)
+        ]
         inc = bwd_jaxpr(ctx, tape, outc)
         for k in range(nc):
             if inc[k] is not None:
                 c_consts[k] = inc[k] if c_consts[k] is None else S.add(c_consts[k], inc[k])
-        c_carry = list(inc[nc:nc + ncar])
-        xs_cots[i] = inc[nc + ncar:]
+        c_carry = list(inc[nc : nc + ncar])
+        xs_cots[i] = inc[nc + ncar :]
     res = [*c_consts, *c_carry]
-    xs = ins[nc + ncar:]
+    xs = ins[nc + ncar :]
     for j, x in enumerate(xs):
         if not isinstance(x, Series) or not tapes:
             res.append(None)
@@ -1842,8 +2006,8 @@ def _while_fwd(ctx, eqn, ins, act):
     cj, cc = _closed(p["cond_jaxpr"])
     bj, bc = _closed(p["body_jaxpr"])
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, carry = ins[:nc], ins[nc:nc + nb], list(ins[nc + nb:])
-    a_b, a_car = act[nc:nc + nb], [a or any(act) for a in act[nc + nb:]]
+    cconsts, bconsts, carry = ins[:nc], ins[nc : nc + nb], list(ins[nc + nb :])
+    a_b, a_car = act[nc : nc + nb], [a or any(act) for a in act[nc + nb :]]
     tapes = []
     for _ in range(100000):
         pred, _t = fwd_jaxpr(ctx, cj, cc, [*cconsts, *carry], [False] * (nc + len(carry)))
@@ -1861,8 +2025,12 @@ def _while_bwd(ctx, eqn, ins, outs, aux, cots, need):
     c_b: list = [None] * nb
     c_carry = list(cots)
     for tape in reversed(aux):
-        outc = [c if c is not None or not isinstance(tape.env.get(v), Series)
-                else Series.zeros(tape.env[v].shape) for c, v in zip(c_carry, tape.jaxpr.outvars)]
+        outc = [
+            c
+            if c is not None or not isinstance(tape.env.get(v), Series)
+            else Series.zeros(tape.env[v].shape)
+            for c, v in zip(c_carry, tape.jaxpr.outvars)
+        ]
         inc = bwd_jaxpr(ctx, tape, outc)
         for k in range(nb):
             if inc[k] is not None:
@@ -1877,15 +2045,56 @@ BWD["while"] = _while_bwd
 
 # -- fallbacks ----------------------------------------------------------------------------------
 
-_GENERIC_LINEAR = {"pad", "gather", "dynamic_slice", "dynamic_update_slice", "scatter-add",
-                   "scatter_add", "reduce_window_sum", "select_and_gather_add", "rev",
-                   "squeeze", "expand_dims", "reduce_sum", "transpose", "reshape", "conj",
-                   "real", "imag", "cumsum"}
-_NOT_ELEMENTWISE = {"cumprod", "cummax", "cummin", "cumlogsumexp", "reduce_prod", "fft",
-                    "top_k", "eigh", "svd", "qr", "cholesky", "triangular_solve", "lu",
-                    "reduce_and", "reduce_or", "reduce_xor", "while", "scan", "cond",
-                    "custom_linear_solve", "rng_bit_generator", "random_bits", "random_seed",
-                    "random_wrap", "random_unwrap", "sharding_constraint", "psum", "all_gather"}
+_GENERIC_LINEAR = {
+    "pad",
+    "gather",
+    "dynamic_slice",
+    "dynamic_update_slice",
+    "scatter-add",
+    "scatter_add",
+    "reduce_window_sum",
+    "select_and_gather_add",
+    "rev",
+    "squeeze",
+    "expand_dims",
+    "reduce_sum",
+    "transpose",
+    "reshape",
+    "conj",
+    "real",
+    "imag",
+    "cumsum",
+}
+_NOT_ELEMENTWISE = {
+    "cumprod",
+    "cummax",
+    "cummin",
+    "cumlogsumexp",
+    "reduce_prod",
+    "fft",
+    "top_k",
+    "eigh",
+    "svd",
+    "qr",
+    "cholesky",
+    "triangular_solve",
+    "lu",
+    "reduce_and",
+    "reduce_or",
+    "reduce_xor",
+    "while",
+    "scan",
+    "cond",
+    "custom_linear_solve",
+    "rng_bit_generator",
+    "random_bits",
+    "random_seed",
+    "random_wrap",
+    "random_unwrap",
+    "sharding_constraint",
+    "psum",
+    "all_gather",
+}
 
 
 def _float_positions(ins) -> list[int]:
@@ -1898,8 +2107,10 @@ def _generic_linear_fwd(ctx, eqn, ins, act):
     out_aval = eqn.outvars[0].aval
     terms = {}
     for k in keys:
-        vals = [np.asarray(ins[i].terms.get(k, np.zeros(ins[i].shape))) if i in fl
-                else np.asarray(x.x) for i, x in enumerate(ins)]
+        vals = [
+            np.asarray(ins[i].terms.get(k, np.zeros(ins[i].shape))) if i in fl else np.asarray(x.x)
+            for i, x in enumerate(ins)
+        ]
         with jax.default_device(jax.devices("cpu")[0]):
             terms[k] = np.asarray(_bind(eqn, vals)[0], np.float64)
     H = min((float(np.min(ins[i].H)) if ins[i].H.size else np.inf) for i in fl) if fl else np.inf
@@ -1945,9 +2156,15 @@ def _fallback_fwd(ctx, eqn, ins, act):
         return _generic_linear_fwd(ctx, eqn, ins, act)
     fl = _float_positions(ins)
     outs = eqn.outvars
-    if (len(ins) == 1 and len(fl) == 1 and len(outs) == 1 and name not in _NOT_ELEMENTWISE
-            and tuple(outs[0].aval.shape) == ins[0].shape and not eqn.params.get("axes")
-            and _is_float_aval(outs[0].aval)):
+    if (
+        len(ins) == 1
+        and len(fl) == 1
+        and len(outs) == 1
+        and name not in _NOT_ELEMENTWISE
+        and tuple(outs[0].aval.shape) == ins[0].shape
+        and not eqn.params.get("axes")
+        and _is_float_aval(outs[0].aval)
+    ):
         ctx.unverified.add(name)
         taylor = _jvp_taylor(eqn)
         u = ins[0]
@@ -1979,10 +2196,27 @@ def _fallback_bwd(ctx, eqn, ins, outs, aux, cots, need):
 # nonsingular or positive definite matrix, pivots without ties): along the ray they are
 # composed with the inputs' polynomials and expanded by nested JVPs in t, labelled "unverified"
 # (a degenerate point shows as a non-finite coefficient, undecided; a pivot tie does not).
-_ANALYTIC_MULTI = {"lu", "cholesky", "eigh", "svd", "qr", "triangular_solve",
-                   "custom_linear_solve", "householder_product", "tridiagonal_solve", "schur",
-                   "eig", "igamma", "igammac", "polygamma", "zeta", "bessel_i0e", "bessel_i1e",
-                   "random_gamma_grad", "regularized_incomplete_beta"}
+_ANALYTIC_MULTI = {
+    "lu",
+    "cholesky",
+    "eigh",
+    "svd",
+    "qr",
+    "triangular_solve",
+    "custom_linear_solve",
+    "householder_product",
+    "tridiagonal_solve",
+    "schur",
+    "eig",
+    "igamma",
+    "igammac",
+    "polygamma",
+    "zeta",
+    "bessel_i0e",
+    "bessel_i1e",
+    "random_gamma_grad",
+    "regularized_incomplete_beta",
+}
 
 
 def _poly_coefs(x: Series, N: int, what: str) -> list:
@@ -1992,8 +2226,10 @@ def _poly_coefs(x: Series, N: int, what: str) -> list:
         raise Undecided(f"{what}: an input is infinite or undecided")
     for e, j in x.terms:
         if j or e.denominator != 1 or e < 0:
-            raise Undecided(f"{what}: an input is not a power series in t (a fractional power, "
-                            "a log or a pole), where an analytic expansion says nothing")
+            raise Undecided(
+                f"{what}: an input is not a power series in t (a fractional power, "
+                "a log or a pole), where an analytic expansion says nothing"
+            )
     return [np.broadcast_to(x.coef(k), x.shape) for k in range(N + 1)]
 
 
@@ -2006,8 +2242,9 @@ def _taylor_in_t(F: Callable, N: int) -> list:
         fs.append(lambda t, prev=prev: jax.jvp(prev, (t,), (jax.numpy.ones_like(t),))[1])
     t0 = np.float64(0.0)
     with jax.default_device(jax.devices("cpu")[0]):
-        return [[np.asarray(o, np.float64) / math.factorial(k) for o in f(t0)]
-                for k, f in enumerate(fs)]
+        return [
+            [np.asarray(o, np.float64) / math.factorial(k) for o in f(t0)] for k, f in enumerate(fs)
+        ]
 
 
 def _order() -> int:
@@ -2024,7 +2261,7 @@ def _multi_series(cs: list, shape, H: float) -> Series:
 
 
 def _poly_at(coefs: list, t):
-    return sum(c * t ** k for k, c in enumerate(coefs))
+    return sum(c * t**k for k, c in enumerate(coefs))
 
 
 def _multi_setup(eqn, ins):
@@ -2075,6 +2312,7 @@ def _check_nondegenerate(name: str, at0: list, eqn) -> None:
     eigenvalues are a kink there, their first-order terms along a ray are the eigenvalues of a
     block, which a Taylor expansion in a fixed basis does not give), repeated or zero singular
     values (svd: |sigma| is abs-like at 0), a rank-deficient R (qr)."""
+
     def rel_close(w, axis):
         w = np.sort(w, axis=axis)
         scale = np.max(np.abs(w), axis=axis, keepdims=True) + 1e-300
@@ -2083,20 +2321,25 @@ def _check_nondegenerate(name: str, at0: list, eqn) -> None:
     if name == "eigh":
         w = at0[1]
         if w.shape[-1] > 1 and rel_close(w, -1):
-            raise Undecided("eigh at repeated eigenvalues: not analytic there (a kink of the "
-                            "eigenvalues, undefined eigenvectors); certify does not decide it")
+            raise Undecided(
+                "eigh at repeated eigenvalues: not analytic there (a kink of the "
+                "eigenvalues, undefined eigenvectors); certify does not decide it"
+            )
     elif name == "svd":
         sv = at0[0]
         scale = np.max(sv, axis=-1, keepdims=True) + 1e-300
         if np.any(sv <= _GAP * scale) or (sv.shape[-1] > 1 and rel_close(sv, -1)):
-            raise Undecided("svd at a repeated or zero singular value: not analytic there "
-                            "(|sigma| is abs-like at 0); certify does not decide it")
+            raise Undecided(
+                "svd at a repeated or zero singular value: not analytic there "
+                "(|sigma| is abs-like at 0); certify does not decide it"
+            )
     elif name == "qr":
         r = at0[1]
         d = np.abs(np.diagonal(r, axis1=-2, axis2=-1))
         if d.size and np.any(d <= _GAP * (np.max(d, axis=-1, keepdims=True) + 1e-300)):
-            raise Undecided("qr of a rank-deficient matrix: not analytic there; certify does "
-                            "not decide it")
+            raise Undecided(
+                "qr of a rank-deficient matrix: not analytic there; certify does not decide it"
+            )
 
 
 def _multi_bwd(eqn, ins, cots, need) -> list:
@@ -2108,8 +2351,7 @@ def _multi_bwd(eqn, ins, cots, need) -> list:
         c = cots[k]
         if c is not None:
             cpolys[k] = _poly_coefs(c, N, f"the reverse rule of `{name}`")
-    Hs = [float(np.min(x.H)) for x in [ins[i] for i in fl] + [cots[k] for k in cpolys]
-          if x.H.size]
+    Hs = [float(np.min(x.H)) for x in [ins[i] for i in fl] + [cots[k] for k in cpolys] if x.H.size]
     H = min(Hs + [N + 1.0])
     want = [i for i in fl if need[i]]
 
@@ -2124,8 +2366,10 @@ def _multi_bwd(eqn, ins, cots, need) -> list:
             return [outs[k] for k in fouts]
 
         outs, vjp = jax.vjp(f, *[vals[i] for i in want])
-        ct = [_poly_at(cpolys[k], t) if k in cpolys else jax.numpy.zeros_like(o)
-              for k, o in zip(fouts, outs)]
+        ct = [
+            _poly_at(cpolys[k], t) if k in cpolys else jax.numpy.zeros_like(o)
+            for k, o in zip(fouts, outs)
+        ]
         return list(vjp(ct))
 
     coefs = _taylor_in_t(G, N) if want else []
@@ -2161,27 +2405,79 @@ def _jvp_taylor(eqn):
 # feeds them need more than the t^0 and t^1 terms in the first, cheap pass along each ray.
 
 _NP_UNARY: dict[str, Callable] = {
-    "neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log1p": np.log1p,
-    "expm1": np.expm1, "tanh": np.tanh, "sin": np.sin, "cos": np.cos, "tan": np.tan,
-    "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "cbrt": np.cbrt, "abs": np.abs,
-    "sign": np.sign, "atan": np.arctan, "asin": np.arcsin, "acos": np.arccos,
-    "atanh": np.arctanh, "asinh": np.arcsinh, "acosh": np.arccosh, "sinh": np.sinh,
-    "cosh": np.cosh, "square": np.square, "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "floor": np.floor, "ceil": np.ceil, "copy": lambda x: x, "copy_p": lambda x: x,
-    "real": lambda x: x}
+    "neg": np.negative,
+    "exp": np.exp,
+    "exp2": np.exp2,
+    "log": np.log,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "tanh": np.tanh,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "cbrt": np.cbrt,
+    "abs": np.abs,
+    "sign": np.sign,
+    "atan": np.arctan,
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atanh": np.arctanh,
+    "asinh": np.arcsinh,
+    "acosh": np.arccosh,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "square": np.square,
+    "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "copy": lambda x: x,
+    "copy_p": lambda x: x,
+    "real": lambda x: x,
+}
 _NP_BINARY: dict[str, Callable] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-    "min": np.minimum, "pow": np.power, "atan2": np.arctan2, "gt": np.greater,
-    "ge": np.greater_equal, "lt": np.less, "le": np.less_equal, "eq": np.equal,
-    "ne": np.not_equal, "add_any": np.add}
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "max": np.maximum,
+    "min": np.minimum,
+    "pow": np.power,
+    "atan2": np.arctan2,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "add_any": np.add,
+}
 _NP_STRUCT: dict[str, Callable] = {
-    "reshape": _reshape_f, "transpose": _transpose_f, "broadcast_in_dim": _bcast_f,
-    "squeeze": _squeeze_f, "expand_dims": _expand_f, "slice": _slice_f, "rev": _rev_f,
+    "reshape": _reshape_f,
+    "transpose": _transpose_f,
+    "broadcast_in_dim": _bcast_f,
+    "squeeze": _squeeze_f,
+    "expand_dims": _expand_f,
+    "slice": _slice_f,
+    "rev": _rev_f,
     "reduce_sum": _reduce_sum_f,
     "reduce_max": lambda eqn, a: np.max(a, axis=tuple(eqn.params["axes"])),
-    "reduce_min": lambda eqn, a: np.min(a, axis=tuple(eqn.params["axes"]))}
-_CALLS = {"pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint", "remat",
-          "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "named_call"}
+    "reduce_min": lambda eqn, a: np.min(a, axis=tuple(eqn.params["axes"])),
+}
+_CALLS = {
+    "pjit",
+    "jit",
+    "closed_call",
+    "core_call",
+    "remat2",
+    "checkpoint",
+    "remat",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "named_call",
+}
 # singular where an input is 0 (the first input only for div: its denominator is the second)
 _AT_ZERO = {"sqrt", "rsqrt", "cbrt", "log", "pow", "atan2", "abs", "sign", "integer_pow"}
 _AT_ONE = {"acos", "asin", "atanh", "acosh"}  # singular where |x| = 1
@@ -2213,8 +2509,7 @@ def _np_eqn(eqn, ins: list) -> list | None:
     if o is None:
         return None
     out_dt, out_shape = o
-    if any(x.dtype not in _FLOATS for x in ins) or (
-            out_dt not in _FLOATS and out_dt != np.bool_):
+    if any(x.dtype not in _FLOATS for x in ins) or (out_dt not in _FLOATS and out_dt != np.bool_):
         return None
     if name in _NP_UNARY:
         r = _NP_UNARY[name](ins[0])
@@ -2238,10 +2533,28 @@ def _np_eqn(eqn, ins: list) -> list | None:
     return [np.asarray(r).astype(out_dt, copy=False).reshape(out_shape)]
 
 
-_KINKY = {"reduce_max", "reduce_min", "argmax", "argmin", "sort", "cummax", "cummin", "floor",
-          "ceil", "round", "convert_element_type", "select_and_scatter_add", "reduce_precision"}
-_PLAIN = set(_NP_UNARY) | set(_NP_BINARY) | set(_NP_STRUCT) | {
-    "integer_pow", "dot_general", "concatenate", "select_n", "iota", "broadcast_in_dim"} | _CALLS
+_KINKY = {
+    "reduce_max",
+    "reduce_min",
+    "argmax",
+    "argmin",
+    "sort",
+    "cummax",
+    "cummin",
+    "floor",
+    "ceil",
+    "round",
+    "convert_element_type",
+    "select_and_scatter_add",
+    "reduce_precision",
+}
+_PLAIN = (
+    set(_NP_UNARY)
+    | set(_NP_BINARY)
+    | set(_NP_STRUCT)
+    | {"integer_pow", "dot_general", "concatenate", "select_n", "iota", "broadcast_in_dim"}
+    | _CALLS
+)
 
 
 _NEAR = 4 * S.TOL  # relative distance within which two values may be equal up to rounding
@@ -2274,8 +2587,12 @@ def _is_event(eqn, ins: list, outs: list) -> bool:
 
 
 def _producers(jaxpr) -> dict:
-    return {v: i for i, e in enumerate(jaxpr.eqns) for v in e.outvars
-            if not isinstance(v, jcore.DropVar)}
+    return {
+        v: i
+        for i, e in enumerate(jaxpr.eqns)
+        for v in e.outvars
+        if not isinstance(v, jcore.DropVar)
+    }
 
 
 def _at_point(closed, x0s: list) -> tuple[float, dict]:
@@ -2372,10 +2689,16 @@ class RayResult:
     terms: int = 0
 
     def to_dict(self, i: int) -> dict:
-        return {"direction": i, "verdict": self.verdict, "certificate": self.certificate,
-                "fprime": self.fprime, "limit": self.limit,
-                "gradient": None if self.gradient is None else _listed(self.gradient),
-                "notes": list(self.notes), "horizon_cap": self.cap}
+        return {
+            "direction": i,
+            "verdict": self.verdict,
+            "certificate": self.certificate,
+            "fprime": self.fprime,
+            "limit": self.limit,
+            "gradient": None if self.gradient is None else _listed(self.gradient),
+            "notes": list(self.notes),
+            "horizon_cap": self.cap,
+        }
 
 
 _LISTED_MAX = 100_000  # gradients up to this many numbers are nested lists (JSON), else arrays
@@ -2396,17 +2719,30 @@ def _worst_bad(bad) -> int:
 
 def _bad_verdict(code: int, what: str) -> RayResult:
     if code == DOMAIN:
-        return RayResult("DOMAIN", certificate=f"the ray leaves the domain of the function ({what})")
+        return RayResult(
+            "DOMAIN", certificate=f"the ray leaves the domain of the function ({what})"
+        )
     if code == POISON:
-        return RayResult("UNDECIDED", notes=[f"{what} is infinite or undefined all along the ray "
-                                              "(the ray runs inside a singular set)"])
+        return RayResult(
+            "UNDECIDED",
+            notes=[
+                f"{what} is infinite or undefined all along the ray "
+                "(the ray runs inside a singular set)"
+            ],
+        )
     if code == PUNDEC:
-        return RayResult("UNDECIDED", notes=[
-            f"{what}: a comparison or a branch depends on a value that is infinite or undefined "
-            "all along the ray (such as x / 0 of an identically zero value, whose sign is that of "
-            "a floating-point zero)"])
-    return RayResult("UNDECIDED", notes=[f"{what}: the series rules could not decide (horizon "
-                                          "or an undecided branch)"])
+        return RayResult(
+            "UNDECIDED",
+            notes=[
+                f"{what}: a comparison or a branch depends on a value that is infinite or undefined "
+                "all along the ray (such as x / 0 of an identically zero value, whose sign is that of "
+                "a floating-point zero)"
+            ],
+        )
+    return RayResult(
+        "UNDECIDED",
+        notes=[f"{what}: the series rules could not decide (horizon or an undecided branch)"],
+    )
 
 
 def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
@@ -2421,10 +2757,11 @@ def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
 def _ray_sweeps(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
     jaxpr, consts = closed.jaxpr, list(closed.consts)
     args = [Series.ray(x, v) for x, v in zip(x0s, vs)]
-    data = [_lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[len(args):])]
+    data = [_lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[len(args) :])]
     try:
-        outs, tape = fwd_jaxpr(ctx, jaxpr, consts, args + data,
-                               [True] * len(args) + [False] * len(data))
+        outs, tape = fwd_jaxpr(
+            ctx, jaxpr, consts, args + data, [True] * len(args) + [False] * len(data)
+        )
     except Undecided as e:
         return RayResult("UNDECIDED", notes=[str(e)])
     y = outs[0]
@@ -2449,15 +2786,37 @@ def _value_verdict(y: Series, fx0: float):
     if isinf:  # +-inf for every small t, or tending to it
         what = "is" if hard else "->"
         if not iy:
-            return RayResult("SINGULAR", certificate="the value diverges along the ray: "
-                             f"|f(x0 + t v)| {what} inf"), None, None, False
+            return (
+                RayResult(
+                    "SINGULAR",
+                    certificate=f"the value diverges along the ray: |f(x0 + t v)| {what} inf",
+                ),
+                None,
+                None,
+                False,
+            )
         iy = int(np.reshape(S.inf_parts(y)[1], ()))
-        return RayResult("SINGULAR", certificate="the value diverges along the ray: "
-                         f"f(x0 + t v) {what} {'+' if iy > 0 else '-'}inf",
-                         fprime=math.copysign(math.inf, iy)), None, None, False
+        return (
+            RayResult(
+                "SINGULAR",
+                certificate="the value diverges along the ray: "
+                f"f(x0 + t v) {what} {'+' if iy > 0 else '-'}inf",
+                fprime=math.copysign(math.inf, iy),
+            ),
+            None,
+            None,
+            False,
+        )
     if bool(np.reshape(S.nan_mask(y), ())):  # NaN for every small t, as IEEE computes it
-        return RayResult("DOMAIN", certificate="f(x0 + t v) is NaN for every small t (the "
-                         "ray leaves the domain of f)"), None, None, False
+        return (
+            RayResult(
+                "DOMAIN",
+                certificate="f(x0 + t v) is NaN for every small t (the ray leaves the domain of f)",
+            ),
+            None,
+            None,
+            False,
+        )
     if y.bad.any():
         return _bad_verdict(_worst_bad(y.bad), "the value"), None, None, False
     E, J, C = S.lead(y)
@@ -2465,38 +2824,80 @@ def _value_verdict(y: Series, fx0: float):
     Hy = float(y.H.reshape(()))
     lead_key = _lead_key(y)
     if lead_key is not None and (lead_key[0] < 0 or (lead_key[0] == 0 and lead_key[1] > 0)):
-        return RayResult("SINGULAR", certificate="the value diverges along the ray: "
-                         f"f(x0 + t v) ~ {S.monomial(c0, lead_key[0], j0)}",
-                         fprime=math.copysign(math.inf, c0 * (-1) ** j0)), None, None, False
+        return (
+            RayResult(
+                "SINGULAR",
+                certificate="the value diverges along the ray: "
+                f"f(x0 + t v) ~ {S.monomial(c0, lead_key[0], j0)}",
+                fprime=math.copysign(math.inf, c0 * (-1) ** j0),
+            ),
+            None,
+            None,
+            False,
+        )
     if Hy <= S.EPS:
-        return RayResult("UNDECIDED", notes=["the limit of f along the ray is beyond the "
-                                             "precision horizon"]), None, None, False
+        return (
+            RayResult(
+                "UNDECIDED", notes=["the limit of f along the ray is beyond the precision horizon"]
+            ),
+            None,
+            None,
+            False,
+        )
     lim = float(y.coef().reshape(()))
     removable = False
     if math.isnan(fx0):
         removable = True
     elif not math.isfinite(fx0) or abs(lim - fx0) > 1e-9 * (1 + abs(fx0)):
-        return RayResult("DISCONTINUOUS", limit=lim, certificate=f"f(x0 + t v) -> {lim:.10g} "
-                         f"as t -> 0+, but f(x0) = {fx0:.10g}"), lim, None, False
+        return (
+            RayResult(
+                "DISCONTINUOUS",
+                limit=lim,
+                certificate=f"f(x0 + t v) -> {lim:.10g} as t -> 0+, but f(x0) = {fx0:.10g}",
+            ),
+            lim,
+            None,
+            False,
+        )
     inc = S.drop_const(y)
     ik = _lead_key(inc)
     fprime: float
     if ik is not None and (ik[0] < 1 or (ik[0] == 1 and ik[1] > 0)):
         c = float(inc.terms[ik].reshape(()))
         sign = c * (-1) ** ik[1]
-        return RayResult("SINGULAR", limit=lim, fprime=math.copysign(math.inf, sign),
-                         certificate=f"f(x0 + t v) - f(x0) ~ {S.monomial(c, ik[0], ik[1])} "
-                         f"(infinite one-sided slope {'+' if sign > 0 else '-'}inf: not "
-                         "differentiable and not locally Lipschitz at x0)"), lim, None, False
+        return (
+            RayResult(
+                "SINGULAR",
+                limit=lim,
+                fprime=math.copysign(math.inf, sign),
+                certificate=f"f(x0 + t v) - f(x0) ~ {S.monomial(c, ik[0], ik[1])} "
+                f"(infinite one-sided slope {'+' if sign > 0 else '-'}inf: not "
+                "differentiable and not locally Lipschitz at x0)",
+            ),
+            lim,
+            None,
+            False,
+        )
     if ik is None and Hy <= 1 + S.EPS:
-        return RayResult("UNDECIDED", limit=lim, notes=[
-            "the increment f(x0 + t v) - f(x0) is zero up to the precision horizon"]), \
-            lim, None, False
+        return (
+            RayResult(
+                "UNDECIDED",
+                limit=lim,
+                notes=["the increment f(x0 + t v) - f(x0) is zero up to the precision horizon"],
+            ),
+            lim,
+            None,
+            False,
+        )
     if ik is not None and ik == (Fraction(1), 0):
         fprime = float(inc.terms[ik].reshape(()))
     elif Hy <= 1 + S.EPS:
-        return RayResult("UNDECIDED", limit=lim, notes=["f'(x0; v) is beyond the horizon"]), \
-            lim, None, False
+        return (
+            RayResult("UNDECIDED", limit=lim, notes=["f'(x0; v) is beyond the horizon"]),
+            lim,
+            None,
+            False,
+        )
     else:
         fprime = 0.0
     return None, lim, fprime, removable
@@ -2521,27 +2922,45 @@ def _gradient_verdict(gs: list, x0s: list, vs: list, lim, fprime, removable) -> 
                 idx = tuple(int(i) for i in np.argwhere(c != 0)[0])
                 cc = float(c[idx])
                 return RayResult(
-                    "SINGULAR", limit=lim, fprime=fprime,
+                    "SINGULAR",
+                    limit=lim,
+                    fprime=fprime,
                     certificate=f"the gradient diverges along the ray: component {list(idx)} ~ "
                     f"{S.monomial(cc, min(k[0] for k in g.terms if np.any(g.terms[k] != 0)), j)} "
-                    "(not locally Lipschitz near x0, so no Clarke subgradient exists)")
+                    "(not locally Lipschitz near x0, so no Clarke subgradient exists)",
+                )
         if g.H.size and float(np.minimum.reduce(g.H, axis=None)) <= S.EPS:
             r = _one_parameter(x0s, vs, lim, fprime, removable)
-            return r if r is not None else RayResult(
-                "UNDECIDED", limit=lim, fprime=fprime,
-                notes=["the gradient's limit is beyond the precision horizon"])
+            return (
+                r
+                if r is not None
+                else RayResult(
+                    "UNDECIDED",
+                    limit=lim,
+                    fprime=fprime,
+                    notes=["the gradient's limit is beyond the precision horizon"],
+                )
+            )
         grads.append(np.reshape(g.coef(), np.shape(x0)))
-    gvs = np.concatenate([np.ravel(g) for g in grads] + [np.zeros(0)]) * \
-        np.concatenate([np.ravel(v) for v in vs] + [np.zeros(0)])
+    gvs = np.concatenate([np.ravel(g) for g in grads] + [np.zeros(0)]) * np.concatenate(
+        [np.ravel(v) for v in vs] + [np.zeros(0)]
+    )
     gv = float(np.sum(gvs))
     scale = abs(fprime) + float(np.sum(np.abs(gvs))) + 1e-300
     if abs(gv - fprime) > 1e-7 * scale + 1e-12:
-        return RayResult("UNDECIDED", limit=lim, fprime=fprime, notes=[
-            f"internal check failed: G(v) . v = {gv:.10g} but f'(x0; v) = {fprime:.10g} from the "
-            "forward series (an internal error in gradsan; no number is returned)"])
+        return RayResult(
+            "UNDECIDED",
+            limit=lim,
+            fprime=fprime,
+            notes=[
+                f"internal check failed: G(v) . v = {gv:.10g} but f'(x0; v) = {fprime:.10g} from the "
+                "forward series (an internal error in gradsan; no number is returned)"
+            ],
+        )
     verdict = "REMOVABLE" if removable else "DEFINED"
-    cert = (f"f(x0) is NaN but f(x0 + t v) -> {lim:.10g}; " if removable else "") + \
-        f"lim grad f(x0 + t v) exists; f'(x0; v) = {fprime:.10g}"
+    cert = (
+        f"f(x0) is NaN but f(x0 + t v) -> {lim:.10g}; " if removable else ""
+    ) + f"lim grad f(x0 + t v) exists; f'(x0; v) = {fprime:.10g}"
     return RayResult(verdict, gradient=grads, fprime=fprime, limit=lim, certificate=cert)
 
 
@@ -2556,11 +2975,18 @@ def _one_parameter(x0s: list, vs: list, lim, fprime, removable) -> RayResult | N
     if v == 0.0:
         return None
     grads = [np.full(np.shape(x0), fprime / v) for x0 in x0s]
-    cert = (f"f(x0) is NaN but f(x0 + t v) -> {lim:.10g}; " if removable else "") + \
-        f"lim grad f(x0 + t v) = f'(x0; v) / v = {fprime / v:.10g} (one parameter: from the " \
+    cert = (
+        (f"f(x0) is NaN but f(x0 + t v) -> {lim:.10g}; " if removable else "")
+        + f"lim grad f(x0 + t v) = f'(x0; v) / v = {fprime / v:.10g} (one parameter: from the "
         "value's series, the reverse sweep having met an infinite partial)"
-    return RayResult("REMOVABLE" if removable else "DEFINED", gradient=grads, fprime=fprime,
-                     limit=lim, certificate=cert)
+    )
+    return RayResult(
+        "REMOVABLE" if removable else "DEFINED",
+        gradient=grads,
+        fprime=fprime,
+        limit=lim,
+        certificate=cert,
+    )
 
 
 def _frame_of(fun) -> Frame | None:
@@ -2569,8 +2995,11 @@ def _frame_of(fun) -> Frame | None:
     try:
         f = inspect.unwrap(fun)
         code = f.__code__
-        return Frame(file=code.co_filename, line=code.co_firstlineno,
-                     function=getattr(f, "__name__", "function"))
+        return Frame(
+            file=code.co_filename,
+            line=code.co_firstlineno,
+            function=getattr(f, "__name__", "function"),
+        )
     except Exception:
         return None
 
@@ -2579,8 +3008,11 @@ def _arg_name(fun) -> str:
     import inspect
 
     try:
-        ps = [p.name for p in inspect.signature(fun).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        ps = [
+            p.name
+            for p in inspect.signature(fun).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         idx = getattr(fun, "__gradsan_argnums__", (0,))
         names = [ps[i] if i < len(ps) else f"args[{i}]" for i in idx]
         return names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
@@ -2612,11 +3044,13 @@ def _caps(terms: int, events: dict) -> list:
 def _final(res: RayResult) -> bool:
     """A verdict that more terms would not change."""
     return res.verdict != "UNDECIDED" or any(
-        "not supported" in n or "internal check" in n or "complex" in n for n in res.notes)
+        "not supported" in n or "internal check" in n or "complex" in n for n in res.notes
+    )
 
 
-def _certify_ray(ctx: Ctx, closed, x0s, vs, fx0, terms: int, events: dict,
-                 start: int = 0) -> RayResult:
+def _certify_ray(
+    ctx: Ctx, closed, x0s, vs, fx0, terms: int, events: dict, start: int = 0
+) -> RayResult:
     res = None
     for c, caps, bc in _caps(terms, events)[start:]:
         ctx.caps, ctx.bwd_cap = caps, bc
@@ -2654,8 +3088,9 @@ def _batched(closed, n: int, R: int, traced: dict):
         return jax.core.eval_jaxpr(jaxpr, consts, *args)
 
     avals = [v.aval for v in jaxpr.invars]
-    specs = [jax.ShapeDtypeStruct((R,) + tuple(a.shape), a.dtype) for a in avals[:n]] + \
-        [jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in avals[n:]]
+    specs = [jax.ShapeDtypeStruct((R,) + tuple(a.shape), a.dtype) for a in avals[:n]] + [
+        jax.ShapeDtypeStruct(tuple(a.shape), a.dtype) for a in avals[n:]
+    ]
     try:
         bj = jax.make_jaxpr(jax.vmap(f, in_axes=(0,) * n + (None,) * (len(avals) - n)))(*specs)
     except Exception:
@@ -2666,8 +3101,12 @@ def _batched(closed, n: int, R: int, traced: dict):
 
 def _take(s: Series, r: int) -> Series:
     """Row r of a series with stacked rays (views: the rows of a normalized series are)."""
-    return Series({k: c[r] for k, c in s.terms.items()}, s.H[r], s.bad[r],
-                  None if s.inf is None else np.broadcast_to(s.inf, s.shape)[r])
+    return Series(
+        {k: c[r] for k, c in s.terms.items()},
+        s.H[r],
+        s.bad[r],
+        None if s.inf is None else np.broadcast_to(s.inf, s.shape)[r],
+    )
 
 
 def _rays_batched(ctx: Ctx, bclosed, x0s: list, dirs: list, fx0: float) -> list:
@@ -2675,8 +3114,10 @@ def _rays_batched(ctx: Ctx, bclosed, x0s: list, dirs: list, fx0: float) -> list:
     RayResult. Raises Undecided (or anything) where the rays have to go one by one."""
     jaxpr, consts = bclosed.jaxpr, list(bclosed.consts)
     n, R = len(x0s), len(dirs)
-    args = [Series.ray(np.broadcast_to(x, (R,) + np.shape(x)), np.stack([d[i] for d in dirs]))
-            for i, x in enumerate(x0s)]
+    args = [
+        Series.ray(np.broadcast_to(x, (R,) + np.shape(x)), np.stack([d[i] for d in dirs]))
+        for i, x in enumerate(x0s)
+    ]
     data = [_lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[n:])]
     outs, tape = fwd_jaxpr(ctx, jaxpr, consts, args + data, [True] * n + [False] * len(data))
     Y = outs[0]
@@ -2708,10 +3149,17 @@ def _certify_rays(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, traced: d
     bclosed = _batched(closed, n, R, traced) if R > 1 else None
     if bclosed is None:
         fx0, events = _at_point(closed, x0s + data)
-        return _confirm_jumps(ctx, closed, x0s, dirs, terms, data, fx0, [
-            _certify_ray(ctx, closed, x0s, v, fx0, terms, events) for v in dirs])
-    fx0, bevents = _at_point(bclosed, [np.broadcast_to(x, (R,) + np.shape(x)) for x in x0s] +
-                             data)
+        return _confirm_jumps(
+            ctx,
+            closed,
+            x0s,
+            dirs,
+            terms,
+            data,
+            fx0,
+            [_certify_ray(ctx, closed, x0s, v, fx0, terms, events) for v in dirs],
+        )
+    fx0, bevents = _at_point(bclosed, [np.broadcast_to(x, (R,) + np.shape(x)) for x in x0s] + data)
     c, caps, bc = _caps(terms, bevents)[0]
     ctx.caps, ctx.bwd_cap, ctx.memo = caps, bc, {}
     try:
@@ -2731,13 +3179,13 @@ def _certify_rays(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, traced: d
                 continue
         if events is None:
             events = _at_point(closed, x0s + data)[1]
-        results[r] = _certify_ray(ctx, closed, x0s, dirs[r], fx0, terms, events,
-                                  start=1 if res is not None else 0)
+        results[r] = _certify_ray(
+            ctx, closed, x0s, dirs[r], fx0, terms, events, start=1 if res is not None else 0
+        )
     return _confirm_jumps(ctx, closed, x0s, dirs, terms, data, fx0, results)
 
 
-def _confirm_jumps(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, fx0: float,
-                   results: list):
+def _confirm_jumps(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, fx0: float, results: list):
     """A DISCONTINUOUS ray compared its limit with f(x0) evaluated in floating point, where
     rounding at a singular point can be magnified (arccos(a.b / (|a| |b|)) at a = b is 2e-8,
     not 0). Evaluated by the series rules on the zero ray instead (exact where they snap a
@@ -2747,12 +3195,13 @@ def _confirm_jumps(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, fx0: flo
         return fx0, results
     jaxpr, consts = closed.jaxpr, list(closed.consts)
     args = [Series.ray(x, np.zeros(np.shape(x))) for x in x0s]
-    lifted = [_lift(a, v.aval) for a, v in zip(data, jaxpr.invars[len(args):])]
+    lifted = [_lift(a, v.aval) for a, v in zip(data, jaxpr.invars[len(args) :])]
     ctx.memo = {}
     try:
         with np.errstate(all="ignore"):
-            y = fwd_jaxpr(ctx, jaxpr, consts, args + lifted,
-                          [True] * len(args) + [False] * len(lifted))[0][0]
+            y = fwd_jaxpr(
+                ctx, jaxpr, consts, args + lifted, [True] * len(args) + [False] * len(lifted)
+            )[0][0]
     except Undecided:
         return fx0, results
     finally:
@@ -2763,9 +3212,12 @@ def _confirm_jumps(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, fx0: flo
     if not (math.isfinite(fx0) and abs(f_series - fx0) <= 1e-6 * (1 + abs(fx0))):
         return fx0, results  # not a rounding difference: keep the floating-point value
     events = _at_point(closed, x0s + data)[1]
-    return f_series, [r if r.verdict != "DISCONTINUOUS" else
-                      _certify_ray(ctx, closed, x0s, v, f_series, terms, events)
-                      for r, v in zip(results, dirs)]
+    return f_series, [
+        r
+        if r.verdict != "DISCONTINUOUS"
+        else _certify_ray(ctx, closed, x0s, v, f_series, terms, events)
+        for r, v in zip(results, dirs)
+    ]
 
 
 # -- Tier C: combining directions -----------------------------------------------------------
@@ -2846,10 +3298,16 @@ def _directions(leaves: list[np.ndarray], directions, num: int, key) -> list[lis
         for d in directions:
             dl = jax.tree_util.tree_leaves(d)
             if len(dl) != len(leaves):
-                raise UsageError("gradsan.jax.certify: each direction must have the structure of "
-                                 "the first argument (one array per parameter leaf)")
-            out.append([np.broadcast_to(np.asarray(x, np.float64), np.shape(l0)).copy()
-                        for x, l0 in zip(dl, leaves)])
+                raise UsageError(
+                    "gradsan.jax.certify: each direction must have the structure of "
+                    "the first argument (one array per parameter leaf)"
+                )
+            out.append(
+                [
+                    np.broadcast_to(np.asarray(x, np.float64), np.shape(l0)).copy()
+                    for x, l0 in zip(dl, leaves)
+                ]
+            )
         return out
     rng = np.random.default_rng(_seed(key))
     num = max(1, int(num))
@@ -2879,8 +3337,11 @@ def _min_norm_leaves(grads: list[list]) -> list:
     """The minimum-norm element of the hull of several gradients (lists of leaves). Leaves on
     which every gradient agrees add the same constant to w' G w and are that leaf in the
     result; the weights come from the Gram matrix of the others only."""
-    differ = [k for k in range(len(grads[0]))
-              if not all(np.array_equal(g[k], grads[0][k]) for g in grads[1:])]
+    differ = [
+        k
+        for k in range(len(grads[0]))
+        if not all(np.array_equal(g[k], grads[0][k]) for g in grads[1:])
+    ]
     out = [np.asarray(g, np.float64) for g in grads[0]]
     if not differ:
         return out
@@ -2889,7 +3350,7 @@ def _min_norm_leaves(grads: list[list]) -> list:
     off = 0
     for k in differ:
         n = out[k].size
-        out[k] = x[off:off + n].reshape(out[k].shape)
+        out[k] = x[off : off + n].reshape(out[k].shape)
         off += n
     return out
 
@@ -2902,18 +3363,21 @@ def _resolve(fun: Callable) -> tuple[Callable, str, int | tuple[int, ...]]:
     its docstring and unwrapped; any other function is the loss itself (argnums 0)."""
     doc = getattr(fun, "__doc__", None) or ""
     wrapped = getattr(fun, "__wrapped__", None)
-    if wrapped is not None and (doc.startswith("Gradient of") or
-                                doc.startswith("Value and gradient of")):
+    if wrapped is not None and (
+        doc.startswith("Gradient of") or doc.startswith("Value and gradient of")
+    ):
         m = _ARGNUMS.search(doc)
         if m is None:
             raise UsageError(
                 "gradsan.jax.certify: could not read which arguments this gradient is taken "
                 "with respect to; pass the loss itself, with the parameters first: "
-                "gradsan.jax.certify(loss)(params, *data)")
+                "gradsan.jax.certify(loss)(params, *data)"
+            )
         argnums = eval(m.group(1), {"__builtins__": {}})  # an int or a tuple of ints
         if isinstance(argnums, tuple) and not argnums:
-            raise UsageError("gradsan.jax.certify: jax.grad(..., argnums=()) has no argument "
-                             "to differentiate")
+            raise UsageError(
+                "gradsan.jax.certify: jax.grad(..., argnums=()) has no argument to differentiate"
+            )
         return wrapped, "grad", argnums
     return fun, "loss", 0
 
@@ -2925,8 +3389,10 @@ def _mover(loss: Callable, argnums, n: int) -> Callable:
     idx = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     bad = [i for i in idx if not -n <= i < n]
     if bad:
-        raise UsageError(f"gradsan.jax.certify: argnums {argnums} but the function was called "
-                         f"with {n} positional argument(s)")
+        raise UsageError(
+            f"gradsan.jax.certify: argnums {argnums} but the function was called "
+            f"with {n} positional argument(s)"
+        )
     idx = tuple(i % n for i in idx)
     rest_pos = [i for i in range(n) if i not in idx]
 
@@ -2948,8 +3414,14 @@ def _mover(loss: Callable, argnums, n: int) -> Callable:
     return moved
 
 
-def certify(fun: Callable, *, directions: Sequence | None = None, num_directions: int = 2,
-            terms: int = 4, key: Any = None) -> Callable[..., Report]:
+def certify(
+    fun: Callable,
+    *,
+    directions: Sequence | None = None,
+    num_directions: int = 2,
+    terms: int = 4,
+    key: Any = None,
+) -> Callable[..., Report]:
     """Certified limits of the gradient of a scalar loss at a point (theory.md 6.5, Tier B/C).
 
     ``fun`` is a scalar loss (its gradient with respect to the first argument is certified) or
@@ -2962,8 +3434,10 @@ def certify(fun: Callable, *, directions: Sequence | None = None, num_directions
     same shapes reuses the trace of the loss.
     """
     if not callable(fun):
-        raise UsageError(f"gradsan.jax.certify takes a function, got {type(fun).__name__}. "
-                         "Wrap the loss, then call it: gradsan.jax.certify(loss)(params)")
+        raise UsageError(
+            f"gradsan.jax.certify takes a function, got {type(fun).__name__}. "
+            "Wrap the loss, then call it: gradsan.jax.certify(loss)(params)"
+        )
     loss, how, argnums = _resolve(fun)
     name = getattr(loss, "__name__", "function")
     traced: dict = {}  # jitted flat losses by argument structure: jit caches their traces
@@ -2979,8 +3453,7 @@ def certify(fun: Callable, *, directions: Sequence | None = None, num_directions
                 f = moved_by_n[len(args)] = _mover(loss, argnums, len(args))
             args = f.select(args)
         with jax.enable_x64(True):
-            return _run(f, how, name, args, kwargs, directions, num_directions, terms, key,
-                        traced)
+            return _run(f, how, name, args, kwargs, directions, num_directions, terms, key, traced)
 
     return run
 
@@ -2994,16 +3467,25 @@ def _trace(loss, traced: dict, treedef, x0s: list, rest: tuple, kwargs: dict):
     rl, rtree = jax.tree_util.tree_flatten((rest, kwargs))
     # float data in float64, like the parameters: f(x0) must not carry float32 rounding (which
     # an arccos near 1 magnifies 10^4 times) into the comparison with the limits
-    rl = [np.asarray(a, np.float64) if isinstance(a, (np.ndarray, np.generic, jax.Array)) and
-          np.issubdtype(a.dtype, np.floating) else a for a in rl]
+    rl = [
+        np.asarray(a, np.float64)
+        if isinstance(a, (np.ndarray, np.generic, jax.Array))
+        and np.issubdtype(a.dtype, np.floating)
+        else a
+        for a in rl
+    ]
     rest, kwargs = jax.tree_util.tree_unflatten(rtree, rl)
-    arrays = all(isinstance(a, (np.ndarray, np.generic, jax.Array)) and (
-        np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) for a in rl)
+    arrays = all(
+        isinstance(a, (np.ndarray, np.generic, jax.Array))
+        and (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_)
+        for a in rl
+    )
     if arrays:
         n = len(x0s)
         k = (treedef, rtree, n)
         jf = traced.get(k)
         if jf is None:
+
             def flat(*ls):
                 r, kw = jax.tree_util.tree_unflatten(rtree, list(ls[n:]))
                 return loss(jax.tree_util.tree_unflatten(treedef, list(ls[:n])), *r, **kw)
@@ -3024,29 +3506,39 @@ def _trace(loss, traced: dict, treedef, x0s: list, rest: tuple, kwargs: dict):
         raise UsageError(f"gradsan.jax.certify could not trace the function: {e}") from e
 
 
-def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key,
-         traced: dict) -> Report:
+def _run(
+    loss, how, name, args, kwargs, directions, num_directions, terms, key, traced: dict
+) -> Report:
     params, rest = args[0], args[1:]
     leaves, treedef = jax.tree_util.tree_flatten(params)
     for x in leaves:
         if isinstance(x, (str, bytes)) or not np.issubdtype(np.asarray(x).dtype, np.number):
-            raise UsageError("gradsan.jax.certify: the first argument must be an array or a "
-                             "pytree of float arrays")
+            raise UsageError(
+                "gradsan.jax.certify: the first argument must be an array or a "
+                "pytree of float arrays"
+            )
         if not np.issubdtype(np.asarray(x).dtype, np.floating):
-            raise UsageError("gradsan.jax.certify: the first argument has integer leaves; "
-                             "gradients need float parameters (jnp.asarray(x, float))")
+            raise UsageError(
+                "gradsan.jax.certify: the first argument has integer leaves; "
+                "gradients need float parameters (jnp.asarray(x, float))"
+            )
     x0s = [np.asarray(x, np.float64) for x in leaves]
     closed, data = _trace(loss, traced, treedef, x0s, rest, kwargs)
     out_avals = closed.out_avals
     if len(out_avals) != 1 or tuple(out_avals[0].shape) != () or not _is_float_aval(out_avals[0]):
-        what = ("a gradient program that is not jax.grad(loss)" if how == "loss" and
-                len(out_avals) != 1 or (out_avals and tuple(out_avals[0].shape) != ()) else
-                "a non-scalar")
+        what = (
+            "a gradient program that is not jax.grad(loss)"
+            if how == "loss"
+            and len(out_avals) != 1
+            or (out_avals and tuple(out_avals[0].shape) != ())
+            else "a non-scalar"
+        )
         raise UsageError(
             f"gradsan.jax.certify needs a scalar loss or jax.grad(loss); {name} returns "
             f"{len(out_avals)} output(s) of shape {[tuple(a.shape) for a in out_avals]} "
             f"({what}). For a training step, certify the loss it differentiates: "
-            "gradsan.jax.certify(loss)(params, batch)")
+            "gradsan.jax.certify(loss)(params, batch)"
+        )
     if directions is None:  # random ones: the same for the same shapes and key, kept
         dk = ("directions", tuple(np.shape(x) for x in x0s), num_directions, _seed(key))
         dirs = traced.get(dk)
@@ -3059,7 +3551,9 @@ def _run(loss, how, name, args, kwargs, directions, num_directions, terms, key,
     return _combine(loss, name, treedef, x0s, dirs, results, ctx, fx0, terms)
 
 
-def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx, fx0, terms) -> Report:
+def _combine(
+    loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx, fx0, terms
+) -> Report:
     verdicts = [r.to_dict(i) for i, r in enumerate(results)]
     notes: list = []
     differentiable: bool | None = None
@@ -3073,15 +3567,28 @@ def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx,
         # f(x0) is NaN and the rays tend to different values: a jump, not a removable point
         i = next(i for i, r in enumerate(results) if r.limit == min(lims))
         k = next(i for i, r in enumerate(results) if r.limit == max(lims))
-        singular = [RayResult("DISCONTINUOUS", certificate=(
-            f"f(x0) is NaN and f(x0 + t v) tends to {min(lims):.10g} along direction {i} but "
-            f"to {max(lims):.10g} along direction {k}: no limit at x0"))]
+        singular = [
+            RayResult(
+                "DISCONTINUOUS",
+                certificate=(
+                    f"f(x0) is NaN and f(x0 + t v) tends to {min(lims):.10g} along direction {i} but "
+                    f"to {max(lims):.10g} along direction {k}: no limit at x0"
+                ),
+            )
+        ]
     if singular:
         label = "singular"
         r = singular[0]
-        differentiable = False if (r.verdict == "DISCONTINUOUS" or r.fprime is not None and
-                                   math.isinf(r.fprime) or "value diverges" in r.certificate) \
+        differentiable = (
+            False
+            if (
+                r.verdict == "DISCONTINUOUS"
+                or r.fprime is not None
+                and math.isinf(r.fprime)
+                or "value diverges" in r.certificate
+            )
             else None
+        )
         cert = f"{r.verdict}: {r.certificate}"
         if differentiable is False:
             cert += "; f is not differentiable at x0"
@@ -3100,52 +3607,89 @@ def _combine(loss, name, treedef, x0s, dirs, results: list[RayResult], ctx: Ctx,
             for k, dk in enumerate(dirs):
                 if k > i and _opposite(di, dk):
                     ri, rk = results[i], results[k]
-                    if ri.fprime is not None and rk.fprime is not None and \
-                            ri.verdict in ("DEFINED", "REMOVABLE") and \
-                            rk.verdict in ("DEFINED", "REMOVABLE"):
+                    if (
+                        ri.fprime is not None
+                        and rk.fprime is not None
+                        and ri.verdict in ("DEFINED", "REMOVABLE")
+                        and rk.verdict in ("DEFINED", "REMOVABLE")
+                    ):
                         opposite.append(ri.fprime + rk.fprime)
-        kink = any(abs(s) > 1e-9 * (1 + max(abs(r.fprime or 0) for r in defined))
-                   for s in opposite)
+        kink = any(abs(s) > 1e-9 * (1 + max(abs(r.fprime or 0) for r in defined)) for s in opposite)
         if all_same and not kink:
             label = "gradient"
             outputs_flat = grads[0]
             differentiable = None if domain else True
-            cert = ("the limit of the gradient along every ray tried is the same: "
-                    "lim_{t->0+} grad f(x0 + t v)")
+            cert = (
+                "the limit of the gradient along every ray tried is the same: "
+                "lim_{t->0+} grad f(x0 + t v)"
+            )
             if domain:
-                cert += (f" (one-sided: {len(domain)} of {len(results)} rays leave the domain, "
-                         "x0 is on the boundary of the domain)")
+                cert += (
+                    f" (one-sided: {len(domain)} of {len(results)} rays leave the domain, "
+                    "x0 is on the boundary of the domain)"
+                )
             if any(r.verdict == "REMOVABLE" for r in defined):
                 cert += "; f(x0) is NaN but the singularity is removable"
         else:
             label = "clarke-subgradient"
             differentiable = False
             outputs_flat = _min_norm_leaves(grads)
-            why = "two different limits of the gradient" if not all_same else \
-                "f'(x0; v) + f'(x0; -v) != 0"
-            cert = (f"not differentiable at x0 ({why}); the minimum-norm element of the convex "
-                    "hull of the limits is a Clarke subgradient (when f is locally Lipschitz "
-                    "near x0)")
+            why = (
+                "two different limits of the gradient"
+                if not all_same
+                else "f'(x0; v) + f'(x0; -v) != 0"
+            )
+            cert = (
+                f"not differentiable at x0 ({why}); the minimum-norm element of the convex "
+                "hull of the limits is a Clarke subgradient (when f is locally Lipschitz "
+                "near x0)"
+            )
         outputs = jax.tree_util.tree_unflatten(treedef, [np.asarray(g) for g in outputs_flat])
     if ctx.unverified:
-        notes.append("unverified: primitives treated as analytic via repeated JVPs: "
-                     + ", ".join(sorted(ctx.unverified)))
-    detail = {"label": label, "verdicts": verdicts, "certificate": cert,
-              "differentiable": differentiable, "f(x0)": fx0, "terms": terms,
-              "unverified": sorted(ctx.unverified)}
-    title = {"gradient": "certified gradient (ray limit)",
-             "clarke-subgradient": "not differentiable: a Clarke subgradient",
-             "singular": "no gradient: singular",
-             "undecided": "undecided"}[label]
-    expl_lines = [cert] + [f"  direction {v['direction']}: {v['verdict']}"
-                           + (f" -- {v['certificate']}" if v["certificate"] else "")
-                           + (f" [{'; '.join(v['notes'])}]" if v["notes"] else "")
-                           for v in verdicts]
-    finding = Finding(kind="certified", catalog_id=None, phase="gradient",  # type: ignore[arg-type]
-                      primitive="gradsan.jax.certify", where=_frame_of(loss), result=title,
-                      title=title, explanation="\n".join(expl_lines), detail=detail,
-                      outputs=[OutputHit(path=_arg_name(loss), count=sum(x.size for x in x0s),
-                                         size=sum(x.size for x in x0s), kind="grad")])
+        notes.append(
+            "unverified: primitives treated as analytic via repeated JVPs: "
+            + ", ".join(sorted(ctx.unverified))
+        )
+    detail = {
+        "label": label,
+        "verdicts": verdicts,
+        "certificate": cert,
+        "differentiable": differentiable,
+        "f(x0)": fx0,
+        "terms": terms,
+        "unverified": sorted(ctx.unverified),
+    }
+    title = {
+        "gradient": "certified gradient (ray limit)",
+        "clarke-subgradient": "not differentiable: a Clarke subgradient",
+        "singular": "no gradient: singular",
+        "undecided": "undecided",
+    }[label]
+    expl_lines = [cert] + [
+        f"  direction {v['direction']}: {v['verdict']}"
+        + (f" -- {v['certificate']}" if v["certificate"] else "")
+        + (f" [{'; '.join(v['notes'])}]" if v["notes"] else "")
+        for v in verdicts
+    ]
+    finding = Finding(
+        kind="certified",
+        catalog_id=None,
+        phase="gradient",  # type: ignore[arg-type]
+        primitive="gradsan.jax.certify",
+        where=_frame_of(loss),
+        result=title,
+        title=title,
+        explanation="\n".join(expl_lines),
+        detail=detail,
+        outputs=[
+            OutputHit(
+                path=_arg_name(loss),
+                count=sum(x.size for x in x0s),
+                size=sum(x.size for x in x0s),
+                kind="grad",
+            )
+        ],
+    )
     return Report(findings=[finding], outputs=outputs, function=name, backend="jax", notes=notes)
 
 

@@ -71,8 +71,10 @@ def _cat(ss: list) -> Series:
     if len(ss) == 1:
         return ss[0]
     keys = set().union(*(s.terms for s in ss))
-    terms = {k: np.concatenate([np.broadcast_to(s.terms.get(k, 0.0), s.shape) for s in ss], -1)
-             for k in keys}
+    terms = {
+        k: np.concatenate([np.broadcast_to(s.terms.get(k, 0.0), s.shape) for s in ss], -1)
+        for k in keys
+    }
     H = np.concatenate([s.H for s in ss], -1)
     bad = np.concatenate([s.bad for s in ss], -1)
     out = S.mk(terms, H, bad, H.shape)
@@ -88,9 +90,11 @@ def _ones(shape) -> Series:
 def _choice(worst: np.ndarray) -> np.ndarray:
     """The status of a choice among values whose worst status is ``worst`` (as a comparison
     gets it: DOMAIN stays, POISON makes it PUNDEC, anything else not OK makes it UNDEC)."""
-    return np.where(worst == DOMAIN, DOMAIN, np.where(
-        (worst == POISON) | (worst == PUNDEC), PUNDEC,
-        np.where(worst != OK, UNDEC, OK))).astype(np.int8)
+    return np.where(
+        worst == DOMAIN,
+        DOMAIN,
+        np.where((worst == POISON) | (worst == PUNDEC), PUNDEC, np.where(worst != OK, UNDEC, OK)),
+    ).astype(np.int8)
 
 
 # -- conv_general_dilated ------------------------------------------------------------------------
@@ -138,8 +142,7 @@ def _numpy_fn(fn):
 
     def f(a, b):
         with jax.default_device(cpu):
-            return np.asarray(fn(np.asarray(a, np.float64), np.asarray(b, np.float64)),
-                              np.float64)
+            return np.asarray(fn(np.asarray(a, np.float64), np.asarray(b, np.float64)), np.float64)
 
     return f
 
@@ -261,8 +264,7 @@ def _scan_prod(s: Series) -> Series:
     n = s.shape[-1]
     d = 1
     while d < n:
-        s = _cat([_sl(s, slice(0, d)),
-                  S.mul(_sl(s, slice(d, n)), _sl(s, slice(0, n - d)))])
+        s = _cat([_sl(s, slice(0, d)), S.mul(_sl(s, slice(d, n)), _sl(s, slice(0, n - d)))])
         d *= 2
     return s
 
@@ -314,7 +316,9 @@ def _cumprod_grad(xl: Series, cl: Series) -> Series:
     B = _cat([_sl(xl, slice(1, n)), Series.zeros(xl.shape[:-1] + (1,))])
     d = 1
     while d < n:
-        A_head = S.add(_sl(A, slice(0, n - d)), S.rmul(_sl(A, slice(d, n)), _sl(B, slice(0, n - d))))
+        A_head = S.add(
+            _sl(A, slice(0, n - d)), S.rmul(_sl(A, slice(d, n)), _sl(B, slice(0, n - d)))
+        )
         B_head = S.mul(_sl(B, slice(0, n - d)), _sl(B, slice(d, n)))
         A = _cat([A_head, _sl(A, slice(n - d, n))])
         B = _cat([B_head, _sl(B, slice(n - d, n))])
@@ -520,8 +524,10 @@ def _top_k_fwd(ctx, eqn, ins, act):
     perm = order[..., :k]
     und = _tied_to_horizon(xl, keys)
     worst = np.max(xl.bad, axis=-1, keepdims=True) if shape[-1] else np.zeros(shape[:-1] + (1,))
-    codes = np.maximum(_choice(np.broadcast_to(worst, perm.shape)),
-                       np.where(np.take_along_axis(und, perm, axis=-1), UNDEC, OK)).astype(np.int8)
+    codes = np.maximum(
+        _choice(np.broadcast_to(worst, perm.shape)),
+        np.where(np.take_along_axis(und, perm, axis=-1), UNDEC, OK),
+    ).astype(np.int8)
 
     def take(a):
         return np.take_along_axis(np.broadcast_to(a, shape), perm, axis=-1)

@@ -58,7 +58,7 @@ def window_index(params: dict, in_shape: tuple) -> np.ndarray:
     wdil = tuple(int(d) for d in params.get("window_dilation") or (1,) * nd)
     if not (len(wdims) == len(strides) == len(pads) == len(bdil) == len(wdil) == nd):
         raise Undecided("`reduce_window` parameters do not match the operand's rank")
-    elem_strides = [int(np.prod(in_shape[i + 1:], dtype=np.int64)) for i in range(nd)]
+    elem_strides = [int(np.prod(in_shape[i + 1 :], dtype=np.int64)) for i in range(nd)]
     out_shape = []
     flat = np.zeros((1,) * (2 * nd), np.int64)
     valid = np.ones((1,) * (2 * nd), bool)
@@ -88,12 +88,17 @@ def _check_index(eqn, params: dict, in_shape: tuple, idx: np.ndarray) -> None:
     and min must be its largest and smallest covered index (a window that covers nothing gets
     the init value, outside 1..n)."""
     n = int(np.prod(in_shape, dtype=np.int64))
-    if n >= 2 ** 31 - 1:
+    if n >= 2**31 - 1:
         return
     enc = (np.arange(n, dtype=np.int32) + 1).reshape(in_shape)
     batched = dict(params)
-    for k, one in (("window_dimensions", 1), ("window_strides", 1), ("padding", (0, 0)),
-                   ("base_dilation", 1), ("window_dilation", 1)):
+    for k, one in (
+        ("window_dimensions", 1),
+        ("window_strides", 1),
+        ("padding", (0, 0)),
+        ("base_dilation", 1),
+        ("window_dilation", 1),
+    ):
         if k in batched:
             batched[k] = (one,) + tuple(batched[k])
     with jax.default_device(jax.devices("cpu")[0]):
@@ -110,11 +115,13 @@ def _check_index(eqn, params: dict, in_shape: tuple, idx: np.ndarray) -> None:
         want_hi = want_lo = np.zeros(idx.shape[:-1], np.int64)
     none = want_hi == 0
     if hi.shape != want_hi.shape or not (
-            np.array_equal(none, (hi < 1) | (hi > n))
-            and np.array_equal(np.where(none, 0, hi), np.where(none, 0, want_hi))
-            and np.array_equal(np.where(none, 0, lo), np.where(none, 0, want_lo))):
-        raise Undecided(f"`{eqn.primitive.name}`: internal error, the window index does not "
-                        "match the primitive")
+        np.array_equal(none, (hi < 1) | (hi > n))
+        and np.array_equal(np.where(none, 0, hi), np.where(none, 0, want_hi))
+        and np.array_equal(np.where(none, 0, lo), np.where(none, 0, want_lo))
+    ):
+        raise Undecided(
+            f"`{eqn.primitive.name}`: internal error, the window index does not match the primitive"
+        )
 
 
 _INDEX: dict = {}
@@ -133,8 +140,10 @@ def _index_of(eqn, in_shape: tuple) -> np.ndarray:
     idx = window_index(params, in_shape)
     out_shape = tuple(eqn.outvars[0].aval.shape)
     if idx.shape[:-1] != out_shape:
-        raise Undecided(f"`{eqn.primitive.name}`: internal error, window index of shape "
-                        f"{idx.shape[:-1]} for an output of shape {out_shape}")
+        raise Undecided(
+            f"`{eqn.primitive.name}`: internal error, window index of shape "
+            f"{idx.shape[:-1]} for an output of shape {out_shape}"
+        )
     _check_index(eqn, params, tuple(in_shape), idx)
     idx.setflags(write=False)
     if key is not None:
@@ -206,7 +215,8 @@ def _as_reduce(big: bool, axis: int):
     ``_reduce_max_fwd`` / ``_reduce_max_bwd`` read of an equation)."""
     return types.SimpleNamespace(
         primitive=types.SimpleNamespace(name="reduce_max" if big else "reduce_min"),
-        params={"axes": (axis,)})
+        params={"axes": (axis,)},
+    )
 
 
 def _pool_fwd(ctx, eqn, ins, act):
@@ -237,8 +247,7 @@ def _pool_bwd(ctx, eqn, ins, outs, aux, cots, need):
         return [None]
     idx, g, w, und = aux
     big = eqn.primitive.name == "reduce_window_max"
-    (cg,) = C._reduce_max_bwd(ctx, _as_reduce(big, idx.ndim - 1), [g], outs, (w, und), cots,
-                              [True])
+    (cg,) = C._reduce_max_bwd(ctx, _as_reduce(big, idx.ndim - 1), [g], outs, (w, und), cots, [True])
     return [_scatter(cg, idx, tuple(eqn.invars[0].aval.shape))]
 
 

@@ -22,7 +22,6 @@ from ._source import custom_vjp_rule_frame, exclude_gradsan
 exclude_gradsan()
 
 
-
 # -- one call, flattened ------------------------------------------------------------------------
 
 
@@ -38,8 +37,9 @@ class FlatCall(NamedTuple):
     statics: tuple  # the static values, hashable (a cache key together with in_tree)
 
 
-def flatten_call(fun: Callable, args: tuple, kwargs: dict,
-                 traced: Callable | None = None) -> FlatCall:
+def flatten_call(
+    fun: Callable, args: tuple, kwargs: dict, traced: Callable | None = None
+) -> FlatCall:
     info = getattr(fun, "_jit_info", None)
     s_pos = set(getattr(info, "static_argnums", ()) or ())
     s_names = set(getattr(info, "static_argnames", ()) or ())
@@ -62,6 +62,7 @@ def flatten_call(fun: Callable, args: tuple, kwargs: dict,
 
 # -- input checks -------------------------------------------------------------------------------
 
+
 def check_callable(fun: Any, who: str) -> None:
     if not callable(fun):
         raise UsageError(
@@ -78,8 +79,11 @@ def check_args(flat_args: list, labels: list[str], who: str) -> None:
                 "JAX can only trace arrays and numbers. Bind non-array arguments first: "
                 f"gradsan.jax.{who}(functools.partial(fun, {label.split('[')[0]}={a!r:.20}))(...)"
             )
-        if not (isinstance(a, (jax.Array, np.ndarray, np.generic, int, float, complex, bool))
-                or hasattr(a, "__jax_array__") or hasattr(a, "dtype")):
+        if not (
+            isinstance(a, (jax.Array, np.ndarray, np.generic, int, float, complex, bool))
+            or hasattr(a, "__jax_array__")
+            or hasattr(a, "dtype")
+        ):
             raise UsageError(
                 f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__}, which JAX cannot "
                 "trace. Pass arrays (jnp.asarray(x)) or bind it with functools.partial."
@@ -90,8 +94,11 @@ def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], lis
     """Names for the flattened arguments: ``theta``, ``params['w']``."""
     try:
         sig = inspect.signature(fun)
-        names = [p.name for p in sig.parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+        names = [
+            p.name
+            for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
     except (TypeError, ValueError):
         names = []
     labels: list[str] = []
@@ -108,8 +115,9 @@ def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], lis
     return labels, leaves
 
 
-def output_labels(fun: Callable, out_shape: Any, args: tuple,
-                  in_labels: list[str]) -> list[tuple[str, str]]:
+def output_labels(
+    fun: Callable, out_shape: Any, args: tuple, in_labels: list[str]
+) -> list[tuple[str, str]]:
     """(path, kind) of each output leaf. Gradients are named after their argument (kind
     "grad"), value_and_grad's value is "value", anything else is "output"."""
     tree = jax.tree_util
@@ -119,25 +127,32 @@ def output_labels(fun: Callable, out_shape: Any, args: tuple,
     starts = [0]
     for a in args:
         starts.append(starts[-1] + len(tree.tree_leaves(a)))
-    per_arg = [in_labels[starts[i]:starts[i + 1]] for i in range(len(args))]
+    per_arg = [in_labels[starts[i] : starts[i + 1]] for i in range(len(args))]
 
     def grads_of(shape) -> list[tuple[str, str]] | None:
         if args and tree.tree_structure(shape) == tree.tree_structure(args[0]):
             return [(lbl, "grad") for lbl in per_arg[0]]
-        if (isinstance(shape, tuple) and 0 < len(shape) <= len(args)
-                and all(tree.tree_structure(s) == tree.tree_structure(a)
-                        for s, a in zip(shape, args))):  # argnums=(0, 1, ...)
+        if (
+            isinstance(shape, tuple)
+            and 0 < len(shape) <= len(args)
+            and all(tree.tree_structure(s) == tree.tree_structure(a) for s, a in zip(shape, args))
+        ):  # argnums=(0, 1, ...)
             return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
         return None
 
-    if doc.startswith("Value and gradient of") and isinstance(out_shape, tuple) \
-            and len(out_shape) == 2:
+    if (
+        doc.startswith("Value and gradient of")
+        and isinstance(out_shape, tuple)
+        and len(out_shape) == 2
+    ):
         g = grads_of(out_shape[1])
         if g is not None:
             n_val = len(tree.tree_leaves(out_shape[0]))
             if isinstance(out_shape[0], tuple) and len(out_shape[0]) == 2:  # has_aux
-                vals = [("value" + p[6:] if p.startswith("[0][0]") else "aux" + p[6:], "value")
-                        for p in paths[:n_val]]
+                vals = [
+                    ("value" + p[6:] if p.startswith("[0][0]") else "aux" + p[6:], "value")
+                    for p in paths[:n_val]
+                ]
             else:
                 vals = [("value" + p[3:], "value") for p in paths[:n_val]]
             return vals + g
@@ -148,6 +163,7 @@ def output_labels(fun: Callable, out_shape: Any, args: tuple,
 
 
 # -- blame --------------------------------------------------------------------------------------
+
 
 def _stat(src) -> int:
     return FINITE if src is None else src[0].status[src[1]]
@@ -182,8 +198,9 @@ class Blame:
         if not children:
             return {id(node): (node, None)}
         bad = [s for s in node.ins if _stat(s) != FINITE]
-        is_poison = (node.kind == "eqn" and node.status[k] == NAN
-                     and not any(_stat(s) == NAN for s in bad))
+        is_poison = (
+            node.kind == "eqn" and node.status[k] == NAN and not any(_stat(s) == NAN for s in bad)
+        )
         out: dict[int, tuple[Node, Node | None]] = {}
         for c in children:
             for key, (origin, poison) in self.memo[(id(c[0]), c[1])].items():
@@ -283,43 +300,62 @@ def _poison_details(poison: Node) -> dict[str, Any]:
     if prim == "mul" and len(vals) == 2 and all(v is not None for v in vals):
         a, b = (float(np.real(v)) for v in vals)
         if a == 0 and np.isinf(b):
-            res.update(form="0*inf", zero_operand=0,
-                       text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan")
+            res.update(
+                form="0*inf",
+                zero_operand=0,
+                text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan",
+            )
         elif b == 0 and np.isinf(a):
-            res.update(form="0*inf", zero_operand=1,
-                       text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan")
+            res.update(
+                form="0*inf",
+                zero_operand=1,
+                text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan",
+            )
     elif prim == "div" and len(vals) == 2 and all(v is not None for v in vals):
         a, b = (float(np.real(v)) for v in vals)
         if a == 0 and b == 0:
             res.update(form="0/0", zero_operand=0, text="0.0 / 0.0 = nan")
         elif np.isinf(a) and np.isinf(b):
-            res.update(form="inf/inf", text=f"{format_value(vals[0])} / {format_value(vals[1])} = nan")
+            res.update(
+                form="inf/inf", text=f"{format_value(vals[0])} / {format_value(vals[1])} = nan"
+            )
     elif prim in _rules.SUM_PRIMS:
         res.update(form="inf-inf", text="inf + (-inf) = nan")
     elif prim in _rules.PRODUCT_PRIMS:
         has_zero = any(np.any(np.asarray(o) == 0) for o in ops)
-        res.update(form="0*inf" if has_zero else "inf-inf",
-                   text=f"0 * inf or inf - inf inside {prim} = nan")
+        res.update(
+            form="0*inf" if has_zero else "inf-inf",
+            text=f"0 * inf or inf - inf inside {prim} = nan",
+        )
     else:
         res.update(text=f"{prim} of an infinite input = nan")
     return res
 
 
-def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
-                    hits: list[OutputHit]) -> Finding:
+def _origin_finding(
+    interp: Interpreter, origin: Node, poison: Node | None, hits: list[OutputHit]
+) -> Finding:
     if origin.kind in ("input", "const"):
         a = origin.outs[0] if origin.outs else np.array(np.nan)
         bad = ~np.isfinite(a)
         got = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
         label = f"`{origin.label}`" if origin.kind == "input" else origin.label
         f = catalog_finding(
-            backend="jax", entry_id="nonfinite-input", phase="value",
-            primitive="input" if origin.kind == "input" else "constant", where=None,
-            result=got, count=int(bad.sum()), size=int(a.size), index=origin.first_bad,
-            outputs=hits, detail={"input": origin.label},
+            backend="jax",
+            entry_id="nonfinite-input",
+            phase="value",
+            primitive="input" if origin.kind == "input" else "constant",
+            where=None,
+            result=got,
+            count=int(bad.sum()),
+            size=int(a.size),
+            index=origin.first_bad,
+            outputs=hits,
+            detail={"input": origin.label},
         )
-        f.values = (f"{label} holds {got} in {int(bad.sum())} of {a.size} elements"
-                    + (f", first at {list(origin.first_bad)}" if origin.first_bad else ""))
+        f.values = f"{label} holds {got} in {int(bad.sum())} of {a.size} elements" + (
+            f", first at {list(origin.first_bad)}" if origin.first_bad else ""
+        )
         return f
     fwd = _forward_node(interp, origin)
     result = _result_word(origin)
@@ -335,15 +371,29 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
         op = _rules.canonical_op(origin.prim)
         hit = _overflow_hit(origin)
         if hit is None and op is not None:
-            hit = classify(op, origin.operands or [], origin.outs[0] if origin.outs else None,
-                           _rules.params_for(origin.prim, origin.eqn.params))
+            hit = classify(
+                op,
+                origin.operands or [],
+                origin.outs[0] if origin.outs else None,
+                _rules.params_for(origin.prim, origin.eqn.params),
+            )
         if hit is not None:
-            entry_id, got, count, size, index = (hit.entry_id, hit.got, hit.count,
-                                                 int(hit.mask.size), hit.first_index)
+            entry_id, got, count, size, index = (
+                hit.entry_id,
+                hit.got,
+                hit.count,
+                int(hit.mask.size),
+                hit.first_index,
+            )
     overflow = _overflow_hit(origin) if fwd is None or fwd is origin else None
     if overflow is not None:  # float16/bfloat16: the same value fits in float32
-        entry_id, got, count, size, index = (overflow.entry_id, overflow.got, overflow.count,
-                                             int(overflow.mask.size), overflow.first_index)
+        entry_id, got, count, size, index = (
+            overflow.entry_id,
+            overflow.got,
+            overflow.count,
+            int(overflow.mask.size),
+            overflow.first_index,
+        )
     if lib is not None:
         lib_entry = _catalog.for_library(lib)
         if lib_entry is not None and (entry_id is None or lib_entry.op != "input"):
@@ -351,11 +401,17 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
     # a value, not a gradient, when the origin is a primal operation: not transposed, and the
     # first equation at its source position (a derivative rule's equations come after it)
     first = interp.group_first.get(group_key(origin.scope, origin.place)) if origin.place else None
-    value_phase = (not getattr(origin, "backward", False)
-                   and (fwd is origin or (fwd is None and first == origin.seq)))
+    value_phase = not getattr(origin, "backward", False) and (
+        fwd is origin or (fwd is None and first == origin.seq)
+    )
     where = (fwd or origin).user_frame
-    if (fwd is None and getattr(origin, "backward", False) and origin.place is not None
-            and origin.place.custom_vjp and where is not None):
+    if (
+        fwd is None
+        and getattr(origin, "backward", False)
+        and origin.place is not None
+        and origin.place.custom_vjp
+        and where is not None
+    ):
         # born in a custom_vjp backward rule, whose equations carry the call site (P3)
         rule = custom_vjp_rule_frame(where, origin.prim)
         if rule is not None:
@@ -373,8 +429,11 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
     if "note" in detail:
         pass
     elif fwd is not None and fwd is not origin:
-        detail["note"] = (f"its derivative is {result} there" if result != "nan"
-                          else "its derivative rule gave nan there")
+        detail["note"] = (
+            f"its derivative is {result} there"
+            if result != "nan"
+            else "its derivative rule gave nan there"
+        )
     else:
         detail["note"] = f"it returned {result}"
     zero_from = met_where = None
@@ -401,14 +460,26 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
         ctx = poison.scope.context
     shown = "nan" if any(h.nan for h in hits) else result
     f = catalog_finding(
-        backend="jax", entry_id=entry_id,
+        backend="jax",
+        entry_id=entry_id,
         phase="value" if value_phase else "gradient",
-        primitive=primitive, where=where, result=shown,
+        primitive=primitive,
+        where=where,
+        result=shown,
         backend_op=f"{origin.prim}" + (" (backward)" if getattr(origin, "backward", False) else ""),
-        got=got, count=count or 0, size=size or 0, index=index,
-        library=lib, zero_from=zero_from, form=form, met_op=met_op, met_where=met_where,
-        context=ctx, scope=origin.scope.path if origin.scope else "",
-        outputs=hits, detail=detail,
+        got=got,
+        count=count or 0,
+        size=size or 0,
+        index=index,
+        library=lib,
+        zero_from=zero_from,
+        form=form,
+        met_op=met_op,
+        met_where=met_where,
+        context=ctx,
+        scope=origin.scope.path if origin.scope else "",
+        outputs=hits,
+        detail=detail,
     )
     if origin.prim == "shard_map":
         f.where = getattr(origin, "body_frame", None) or f.where
@@ -421,8 +492,13 @@ def _origin_finding(interp: Interpreter, origin: Node, poison: Node | None,
             "one shard's inputs to locate it exactly."
         )
         return f
-    if entry_id is None and poison is None and origin.status and max(origin.status) == NAN \
-            and any(_stat(s) != FINITE for s in origin.ins):
+    if (
+        entry_id is None
+        and poison is None
+        and origin.status
+        and max(origin.status) == NAN
+        and any(_stat(s) != FINITE for s in origin.ins)
+    ):
         pd = _poison_details(origin)
         f.form = pd["form"]
         f.explanation = (
@@ -450,9 +526,17 @@ def _overflow_hit(origin: Node):
 
 # -- the transformation -------------------------------------------------------------------------
 
-def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
-             outputs: Any = None, run_outputs: bool = True,
-             trace_fun: Callable | None = None) -> Report:
+
+def diagnose(
+    fun: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    who: str = "explain",
+    outputs: Any = None,
+    run_outputs: bool = True,
+    trace_fun: Callable | None = None,
+) -> Report:
     """Interpret ``fun(*args, **kwargs)`` and blame every non-finite output.
 
     ``trace_fun`` computes the same outputs and is what gets traced (guard passes its already
@@ -512,8 +596,14 @@ def diagnose(fun: Callable, args: tuple, kwargs: dict, *, who: str = "explain",
         origin, poison, hits = groups[key]
         f = _origin_finding(interp, origin, poison, hits)
         w = f.where
-        same = (f.kind, f.catalog_id, f.primitive, f.phase,
-                (w.file, w.line, w.column) if w is not None else None, f.detail.get("input"))
+        same = (
+            f.kind,
+            f.catalog_id,
+            f.primitive,
+            f.phase,
+            (w.file, w.line, w.column) if w is not None else None,
+            f.detail.get("input"),
+        )
         if same in merged:  # one forward op, several derivative equations (atan2's dx and dy)
             have = merged[same]
             have.outputs += [h for h in f.outputs if h not in have.outputs]

@@ -33,7 +33,7 @@ def _flag(out: Any) -> jax.Array:
     for x in jax.tree_util.tree_leaves(out):
         if not (hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)):
             continue
-        for part in ((jnp.real(x), jnp.imag(x)) if jnp.iscomplexobj(x) else (x,)):
+        for part in (jnp.real(x), jnp.imag(x)) if jnp.iscomplexobj(x) else (x,):
             term = jnp.sum(part * 0, dtype=jnp.float32)
             total = term if total is None else total + term
     return jnp.array(True) if total is None else jnp.isfinite(total)
@@ -87,10 +87,14 @@ def _summary_report(fun: Callable, out: Any) -> Report:
 def _host_flag(out: Any) -> bool:
     """The same check without compiling anything: numpy on host-resident (CPU) outputs, one
     small jitted reduction otherwise. Used until the fused program is compiled."""
-    leaves = [x for x in jax.tree_util.tree_leaves(out)
-              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
-    if all(isinstance(x, jax.Array) and all(d.platform == "cpu" for d in x.devices())
-           for x in leaves):
+    leaves = [
+        x
+        for x in jax.tree_util.tree_leaves(out)
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    if all(
+        isinstance(x, jax.Array) and all(d.platform == "cpu" for d in x.devices()) for x in leaves
+    ):
         return all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves)
     return bool(_separate_flag(out))
 
@@ -98,8 +102,9 @@ def _host_flag(out: Any) -> bool:
 def _abstract(tree: Any) -> Any:
     def spec(x: Any) -> Any:
         if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding,
-                                        weak_type=getattr(x, "weak_type", False))
+            return jax.ShapeDtypeStruct(
+                x.shape, x.dtype, sharding=x.sharding, weak_type=getattr(x, "weak_type", False)
+            )
         return x
 
     return jax.tree_util.tree_map(spec, tree)
@@ -131,8 +136,12 @@ def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
     # until the fused program is ready: the function itself, without donation if needed
     plain = fun
     if fused is not None and donating and keep_inputs:
-        plain = jax.jit(fun.__wrapped__, static_argnums=info.static_argnums,
-                        static_argnames=info.static_argnames, keep_unused=info.keep_unused)
+        plain = jax.jit(
+            fun.__wrapped__,
+            static_argnums=info.static_argnums,
+            static_argnames=info.static_argnames,
+            keep_unused=info.keep_unused,
+        )
     state: dict[str, Any] = {"compiled": None, "thread": None, "use_jit": static}
 
     def compile_in_background(args: tuple, kwargs: dict) -> None:

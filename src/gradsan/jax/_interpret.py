@@ -182,7 +182,9 @@ class Interpreter:
                 in_srcs.append((n, 0))
             else:
                 in_srcs.append(None)
-        const_srcs = [self._const_src(c, "a constant captured by the function") for c in closed.consts]
+        const_srcs = [
+            self._const_src(c, "a constant captured by the function") for c in closed.consts
+        ]
         return self.run(closed.jaxpr, list(closed.consts), const_srcs, list(args), in_srcs, top)
 
     def _const_src(self, value: Any, label: str) -> Src | None:
@@ -209,8 +211,12 @@ class Interpreter:
 
         def read(vs) -> tuple[list, list]:
             vals = [v.val if isinstance(v, jcore.Literal) else env[v] for v in vs]
-            vsrcs = [self._const_src(v.val, f"the literal {v.val}")
-                     if isinstance(v, jcore.Literal) else srcs.get(v) for v in vs]
+            vsrcs = [
+                self._const_src(v.val, f"the literal {v.val}")
+                if isinstance(v, jcore.Literal)
+                else srcs.get(v)
+                for v in vs
+            ]
             return vals, vsrcs
 
         for i, eqn in enumerate(jaxpr.eqns):
@@ -240,8 +246,13 @@ class Interpreter:
         status = tuple(_status(o) for o in outvals)
         pl = place(eqn.source_info)
         node = Node(
-            "eqn", eqn=eqn, scope=scope, ins=tuple(insrcs), status=status,
-            seq=next(self._seq), place=pl,
+            "eqn",
+            eqn=eqn,
+            scope=scope,
+            ins=tuple(insrcs),
+            status=status,
+            seq=next(self._seq),
+            place=pl,
         )
         name_stack = str(eqn.source_info.name_stack)
         backward = scope.backward or "transpose" in name_stack
@@ -265,11 +276,16 @@ class Interpreter:
         if self.check_hits and not backward:
             op = _rules.canonical_op(eqn.primitive.name)
             if op is not None:
-                hit = classify(op, [_np(v) for v in invals], None,
-                               _rules.params_for(eqn.primitive.name, eqn.params))
+                hit = classify(
+                    op,
+                    [_np(v) for v in invals],
+                    None,
+                    _rules.params_for(eqn.primitive.name, eqn.params),
+                )
                 if hit is not None:
-                    node.hit = HitSummary(hit.entry_id, hit.count, int(hit.mask.size),
-                                          hit.first_index, hit.got)
+                    node.hit = HitSummary(
+                        hit.entry_id, hit.count, int(hit.mask.size), hit.first_index, hit.got
+                    )
                     self.hits_by_key.setdefault(group_key(scope, pl), []).append(node)
         return outvals, [(node, i) for i in range(len(outvals))]
 
@@ -329,10 +345,18 @@ def _library_name(jaxpr, name: str) -> str | None:
     return None
 
 
-for _p, _param in (("pjit", "jaxpr"), ("jit", "jaxpr"), ("closed_call", "call_jaxpr"),
-                   ("core_call", "call_jaxpr"), ("remat2", "jaxpr"), ("checkpoint", "jaxpr"),
-                   ("custom_jvp_call", "call_jaxpr"), ("custom_vjp_call", "call_jaxpr"),
-                   ("custom_vjp_call_jaxpr", "fun_jaxpr"), ("custom_lin", None)):
+for _p, _param in (
+    ("pjit", "jaxpr"),
+    ("jit", "jaxpr"),
+    ("closed_call", "call_jaxpr"),
+    ("core_call", "call_jaxpr"),
+    ("remat2", "jaxpr"),
+    ("checkpoint", "jaxpr"),
+    ("custom_jvp_call", "call_jaxpr"),
+    ("custom_vjp_call", "call_jaxpr"),
+    ("custom_vjp_call_jaxpr", "fun_jaxpr"),
+    ("custom_lin", None),
+):
     if _param is not None:
         _HIGHER_ORDER[_p] = _call_rule(_param)
 
@@ -365,9 +389,16 @@ def _scan_rule(interp: Interpreter, eqn, invals, insrcs, scope):
     jaxpr, jconsts = _closed(p["jaxpr"])
     n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
     reverse = p.get("reverse", False)
-    consts, carry, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
-    c_srcs, carry_srcs, xs_srcs = (insrcs[:n_consts], insrcs[n_consts:n_consts + n_carry],
-                                   insrcs[n_consts + n_carry:])
+    consts, carry, xs = (
+        invals[:n_consts],
+        invals[n_consts : n_consts + n_carry],
+        invals[n_consts + n_carry :],
+    )
+    c_srcs, carry_srcs, xs_srcs = (
+        insrcs[:n_consts],
+        insrcs[n_consts : n_consts + n_carry],
+        insrcs[n_consts + n_carry :],
+    )
     jcsrcs = [interp._const_src(c, "a constant") for c in jconsts]
     ys_vals: list[list] = []
     ys_srcs: list[list] = []
@@ -380,8 +411,9 @@ def _scan_rule(interp: Interpreter, eqn, invals, insrcs, scope):
             ctx = f"{scope.context}, {ctx}"
         sub = interp.sub_scope(eqn, scope, f"scan[{i}]", ctx)
         x_i = [x[i] for x in xs]
-        outs, osrcs = interp.run(jaxpr, jconsts, jcsrcs, [*consts, *carry, *x_i],
-                                 [*c_srcs, *carry_srcs, *xs_srcs], sub)
+        outs, osrcs = interp.run(
+            jaxpr, jconsts, jcsrcs, [*consts, *carry, *x_i], [*c_srcs, *carry_srcs, *xs_srcs], sub
+        )
         carry, carry_srcs = list(outs[:n_carry]), list(osrcs[:n_carry])
         ys_vals.append(outs[n_carry:])
         ys_srcs.append(osrcs[n_carry:])
@@ -409,8 +441,8 @@ def _while_rule(interp: Interpreter, eqn, invals, insrcs, scope):
     cj, cconsts_j = _closed(p["cond_jaxpr"])
     bj, bconsts_j = _closed(p["body_jaxpr"])
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
-    csrc, bsrc, carry_srcs = insrcs[:nc], insrcs[nc:nc + nb], list(insrcs[nc + nb:])
+    cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
+    csrc, bsrc, carry_srcs = insrcs[:nc], insrcs[nc : nc + nb], list(insrcs[nc + nb :])
     none_c = [None] * len(cconsts_j)
     none_b = [None] * len(bconsts_j)
     k = 0
@@ -423,8 +455,9 @@ def _while_rule(interp: Interpreter, eqn, invals, insrcs, scope):
         if scope.context:
             ctx = f"{scope.context}, {ctx}"
         sub = interp.sub_scope(eqn, scope, f"while[{k}]", ctx)
-        carry, carry_srcs = interp.run(bj, bconsts_j, none_b, [*bconsts, *carry],
-                                       [*bsrc, *carry_srcs], sub)
+        carry, carry_srcs = interp.run(
+            bj, bconsts_j, none_b, [*bconsts, *carry], [*bsrc, *carry_srcs], sub
+        )
         k += 1
     return carry, carry_srcs
 

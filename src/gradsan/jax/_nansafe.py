@@ -55,50 +55,178 @@ _MODES = ("structural", "strong_zero")
 
 # operations whose output can be non-finite from finite inputs
 _SINGULAR = {
-    "div", "log", "log1p", "sqrt", "rsqrt", "cbrt", "pow", "atan2", "acos", "asin", "atanh",
-    "acosh", "tan", "lgamma", "digamma", "erf_inv", "exp", "exp2", "expm1", "rem",
-    "igamma", "igammac", "polygamma", "zeta", "bessel_i0e", "bessel_i1e", "regularized_incomplete_beta",
-    "random_gamma_grad", "logistic",
+    "div",
+    "log",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "pow",
+    "atan2",
+    "acos",
+    "asin",
+    "atanh",
+    "acosh",
+    "tan",
+    "lgamma",
+    "digamma",
+    "erf_inv",
+    "exp",
+    "exp2",
+    "expm1",
+    "rem",
+    "igamma",
+    "igammac",
+    "polygamma",
+    "zeta",
+    "bessel_i0e",
+    "bessel_i1e",
+    "regularized_incomplete_beta",
+    "random_gamma_grad",
+    "logistic",
 }
 # elementwise operations f with f(0) = 0 exactly, and one float operand: sz passes through
 _ZERO_TO_ZERO = {
-    "neg", "convert_element_type", "reduce_precision", "copy", "copy_p", "real", "imag", "conj",
-    "sin", "tan", "tanh", "sinh", "asin", "atan", "asinh", "atanh", "expm1", "log1p", "abs",
-    "sign", "sqrt", "cbrt", "erf", "erf_inv", "optimization_barrier",
+    "neg",
+    "convert_element_type",
+    "reduce_precision",
+    "copy",
+    "copy_p",
+    "real",
+    "imag",
+    "conj",
+    "sin",
+    "tan",
+    "tanh",
+    "sinh",
+    "asin",
+    "atan",
+    "asinh",
+    "atanh",
+    "expm1",
+    "log1p",
+    "abs",
+    "sign",
+    "sqrt",
+    "cbrt",
+    "erf",
+    "erf_inv",
+    "optimization_barrier",
 }
 # operations that move elements around: apply the same primitive to the mask (operand 0)
-_SHAPE = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "rev", "slice",
-          "dynamic_slice", "gather"}
+_SHAPE = {
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "broadcast_in_dim",
+    "transpose",
+    "rev",
+    "slice",
+    "dynamic_slice",
+    "gather",
+}
 _ADDITIVE = {"add", "add_any", "sub", "max", "min"}
 _REDUCE = {"reduce_sum", "reduce_max", "reduce_min"}
 _CUMULATIVE = {"cumsum", "cummax", "cummin"}
 _COMPARE = {"eq", "ne", "gt", "ge", "lt", "le"}
-_DISC = {"floor", "ceil", "round", "sign", "rem", "nextafter", "is_finite", "argmax", "argmin",
-         "population_count", "clz"}
+_DISC = {
+    "floor",
+    "ceil",
+    "round",
+    "sign",
+    "rem",
+    "nextafter",
+    "is_finite",
+    "argmax",
+    "argmin",
+    "population_count",
+    "clz",
+}
 # elementwise primitives that give the same result on 0-d operands (uniform constants)
 _SCALAR_OK = {
-    "add", "sub", "mul", "div", "neg", "convert_element_type", "max", "min", "integer_pow",
-    "sqrt", "rsqrt", "cbrt", "exp", "exp2", "log", "log1p", "expm1", "pow", "abs", "sign",
-    "eq", "ne", "gt", "ge", "lt", "le", "and", "or", "not", "xor", "select_n", "tanh",
-    "logistic", "square", "sin", "cos", "tan", "atan2", "floor", "ceil", "round", "rem",
-    "is_finite", "reduce_precision", "real", "imag", "nextafter", "clamp",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "convert_element_type",
+    "max",
+    "min",
+    "integer_pow",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "exp",
+    "exp2",
+    "log",
+    "log1p",
+    "expm1",
+    "pow",
+    "abs",
+    "sign",
+    "eq",
+    "ne",
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "and",
+    "or",
+    "not",
+    "xor",
+    "select_n",
+    "tanh",
+    "logistic",
+    "square",
+    "sin",
+    "cos",
+    "tan",
+    "atan2",
+    "floor",
+    "ceil",
+    "round",
+    "rem",
+    "is_finite",
+    "reduce_precision",
+    "real",
+    "imag",
+    "nextafter",
+    "clamp",
 }
 _BILINEAR = {"dot_general", "conv_general_dilated"}
-_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
-          "custom_vjp_call_jaxpr": "fun_jaxpr"}
+_CALLS = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+}
 # forward primitive -> the catalog entry for the singular point a 0 * inf comes from
 _ENTRY = {
-    "sqrt": "sqrt-at-zero", "rsqrt": "rsqrt-at-zero", "cbrt": "cbrt-at-zero",
-    "pow": "pow-fractional-at-zero", "integer_pow": "integer-pow-negative-at-zero",
-    "div": "div-by-zero", "log": "log-at-zero", "log1p": "log1p-at-minus-one",
-    "acos": "acos-at-one", "asin": "asin-at-one", "atanh": "atanh-at-one",
-    "acosh": "acosh-at-one", "tan": "tan-at-pole", "atan2": "atan2-at-origin",
-    "lgamma": "lgamma-at-pole", "digamma": "digamma-at-pole", "erf_inv": "erf-inv-at-one",
+    "sqrt": "sqrt-at-zero",
+    "rsqrt": "rsqrt-at-zero",
+    "cbrt": "cbrt-at-zero",
+    "pow": "pow-fractional-at-zero",
+    "integer_pow": "integer-pow-negative-at-zero",
+    "div": "div-by-zero",
+    "log": "log-at-zero",
+    "log1p": "log1p-at-minus-one",
+    "acos": "acos-at-one",
+    "asin": "asin-at-one",
+    "atanh": "atanh-at-one",
+    "acosh": "acosh-at-one",
+    "tan": "tan-at-pole",
+    "atan2": "atan2-at-origin",
+    "lgamma": "lgamma-at-pole",
+    "digamma": "digamma-at-pole",
+    "erf_inv": "erf-inv-at-one",
 }
 
 
 # -- masks: static False / True, a boolean array, or a lazily computed one -----------------------
+
 
 class _Lazy:
     __slots__ = ("fn", "val")
@@ -197,8 +325,16 @@ def _join(a: tuple, b: tuple) -> tuple:
     def k(x, y):
         return x if x == y else 2
 
-    return (k(a[0], b[0]), k(a[1], b[1]), a[2] or b[2], a[3] and b[3], a[4] or b[4],
-            a[5] | b[5], a[6] if a[6] == b[6] else None, a[7] | b[7])
+    return (
+        k(a[0], b[0]),
+        k(a[1], b[1]),
+        a[2] or b[2],
+        a[3] and b[3],
+        a[4] or b[4],
+        a[5] | b[5],
+        a[6] if a[6] == b[6] else None,
+        a[7] | b[7],
+    )
 
 
 def _sz_of_cval(cv) -> Any:
@@ -214,8 +350,14 @@ def _cmeta(cv, fl: bool) -> M:
     if not fl:
         return M(sz=False, lc=True, const=True, cval=cv)
     taint = not bool(np.isfinite(cv).all())
-    return M(sz=_sz_of_cval(cv), lc=True, taint=taint, const=True, cval=cv,
-             why=frozenset({"constant zero"}))
+    return M(
+        sz=_sz_of_cval(cv),
+        lc=True,
+        taint=taint,
+        const=True,
+        cval=cv,
+        why=frozenset({"constant zero"}),
+    )
 
 
 def _const_meta(val, aval=None) -> M:
@@ -232,12 +374,18 @@ def _const_meta(val, aval=None) -> M:
         except Exception:  # pragma: no cover - exotic dtypes
             taint = True
     if _is_float(aval):
-        return M(sz=_Lazy(lambda: jnp.asarray(val) == 0), lc=True, taint=taint, const=True,
-                 why=frozenset({"constant zero"}))
+        return M(
+            sz=_Lazy(lambda: jnp.asarray(val) == 0),
+            lc=True,
+            taint=taint,
+            const=True,
+            why=frozenset({"constant zero"}),
+        )
     return M(sz=False, lc=True, const=True)
 
 
 # -- contexts, sites and flags ---------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class _Ctx:
@@ -305,8 +453,9 @@ class _Emitter:
             lib = pl.library if pl.user is None or pl.library else ctx.library
             lib = lib or ctx.library
             prim = self.key_prims.get(pl.key) if pl.key is not None else None
-            self.sites[key] = _Site(key, kind, eqn.primitive.name, prim or eqn.primitive.name,
-                                    where, lib, why)
+            self.sites[key] = _Site(
+                key, kind, eqn.primitive.name, prim or eqn.primitive.name, where, lib, why
+            )
         else:
             self.sites[key].why = self.sites[key].why | why
         return key
@@ -322,8 +471,9 @@ class _Emitter:
 
         def read(vs) -> tuple[list, list]:
             vals = [v.val if isinstance(v, jcore.Literal) else env[v] for v in vs]
-            metas = [_const_meta(v.val, v.aval) if isinstance(v, jcore.Literal) else menv[v]
-                     for v in vs]
+            metas = [
+                _const_meta(v.val, v.aval) if isinstance(v, jcore.Literal) else menv[v] for v in vs
+            ]
             return vals, metas
 
         for eqn in jaxpr.eqns:
@@ -358,8 +508,9 @@ class _Emitter:
             sub = self._sub_ctx(eqn, ctx)
             if name.startswith("custom_vjp") and not jaxpr.constvars:
                 consts = []
-            return self.run(jaxpr, consts, [_const_meta(c, None) for c in consts],
-                            invals, inmetas, sub)
+            return self.run(
+                jaxpr, consts, [_const_meta(c, None) for c in consts], invals, inmetas, sub
+            )
         if name in ("remat2", "checkpoint"):
             return self._remat(eqn, invals, inmetas, ctx)
         if name == "scan":
@@ -398,8 +549,9 @@ class _Emitter:
     def _mul(self, eqn, vals, ms, ctx: _Ctx):
         (p,) = _bind(eqn, vals)
         shape = _shape(p)
-        cond = _or([self._zero_side(ms, vals, 0, shape), self._zero_side(ms, vals, 1, shape)],
-                   shape)
+        cond = _or(
+            [self._zero_side(ms, vals, 0, shape), self._zero_side(ms, vals, 1, shape)], shape
+        )
         out = _zero_where_structural(p, cond, shape)
         if self.report:
             bad = _nonfinite(p)
@@ -425,8 +577,15 @@ class _Emitter:
     def _report_repair(self, eqn, ctx, ms, bad, cond, meets, shape, zero_sides):
         why = frozenset().union(*(ms[i].why for i in zero_sides if ms[i].sz is not False))
         if self.mode == "strong_zero":
-            struct = _or([ms[i].sz if (len(ms) == 1 or ms[1 - i].taint or eqn.primitive.name
-                                       == "div") else False for i in zero_sides], shape)
+            struct = _or(
+                [
+                    ms[i].sz
+                    if (len(ms) == 1 or ms[1 - i].taint or eqn.primitive.name == "div")
+                    else False
+                    for i in zero_sides
+                ],
+                shape,
+            )
             s = bad & _arr(struct, shape) if struct is not False else None
             if s is not None:
                 self._flag(ctx, self._site(eqn, ctx, "struct", why), jnp.sum(s, dtype=jnp.int32))
@@ -438,8 +597,11 @@ class _Emitter:
             rest = bad & meets & (~_arr(cond, shape) if cond is not False else True)
         else:
             if cond is not False:
-                self._flag(ctx, self._site(eqn, ctx, "struct", why),
-                           jnp.sum(bad & _arr(cond, shape), dtype=jnp.int32))
+                self._flag(
+                    ctx,
+                    self._site(eqn, ctx, "struct", why),
+                    jnp.sum(bad & _arr(cond, shape), dtype=jnp.int32),
+                )
             rest = bad & meets
             if cond is not False:
                 rest = rest & ~_arr(cond, shape)
@@ -480,16 +642,20 @@ class _Emitter:
             out[i] = lax.select(fix, jnp.zeros_like(x), x)
             if self.report:
                 kind = "conv" if self.mode == "strong_zero" else "struct"
-                self._flag(ctx, self._site(eqn, ctx, kind, ms[j].why),
-                           jnp.sum(fix, dtype=jnp.int32))
+                self._flag(
+                    ctx, self._site(eqn, ctx, kind, ms[j].why), jnp.sum(fix, dtype=jnp.int32)
+                )
         return out
 
     # -- metadata rules --------------------------------------------------------------------------
     def metas(self, eqn, invals, ms, outs, bwd: bool, ctx: _Ctx) -> list[M]:
         name = eqn.primitive.name
         const = all(m.const for m in ms)
-        taint = any(m.taint for m in ms) or name in _SINGULAR or (
-            name == "integer_pow" and eqn.params["y"] < 0)
+        taint = (
+            any(m.taint for m in ms)
+            or name in _SINGULAR
+            or (name == "integer_pow" and eqn.params["y"] < 0)
+        )
         res = []
         for k, (v, o) in enumerate(zip(eqn.outvars, outs)):
             aval = v.aval
@@ -504,8 +670,15 @@ class _Emitter:
                     res.append(_cmeta(cvs[k], fl))
                     continue
                 if fl:
-                    res.append(M(sz=_Lazy(functools.partial(lambda x: x == 0, o)), lc=True,
-                                 taint=taint, const=True, why=frozenset({"constant zero"})))
+                    res.append(
+                        M(
+                            sz=_Lazy(functools.partial(lambda x: x == 0, o)),
+                            lc=True,
+                            taint=taint,
+                            const=True,
+                            why=frozenset({"constant zero"}),
+                        )
+                    )
                 else:
                     res.append(M(sz=False, lc=True, const=True))
                 continue
@@ -536,9 +709,16 @@ class _Emitter:
             if name in _SHAPE or name in ("reduce_max", "reduce_min", "copy", "copy_p"):
                 return [cvs[0]]
             if name == "reduce_sum":
-                return [np.asarray(cvs[0] * max(1, int(np.prod(
-                    [eqn.invars[0].aval.shape[a] for a in eqn.params["axes"]]))),
-                    dtype=out_aval.dtype)]
+                return [
+                    np.asarray(
+                        cvs[0]
+                        * max(
+                            1,
+                            int(np.prod([eqn.invars[0].aval.shape[a] for a in eqn.params["axes"]])),
+                        ),
+                        dtype=out_aval.dtype,
+                    )
+                ]
             if name in _SCALAR_OK:
                 try:
                     with jax.ensure_compile_time_eval():
@@ -549,8 +729,12 @@ class _Emitter:
         if int(np.prod(out_aval.shape)) > 65536:
             return None
         try:
-            ins = [np.broadcast_to(c, v.aval.shape) if np.ndim(c) == 0 and hasattr(v.aval, "shape")
-                   else c for c, v in zip(cvs, eqn.invars)]
+            ins = [
+                np.broadcast_to(c, v.aval.shape)
+                if np.ndim(c) == 0 and hasattr(v.aval, "shape")
+                else c
+                for c, v in zip(cvs, eqn.invars)
+            ]
             with jax.ensure_compile_time_eval():
                 r = _bind(eqn, ins)[0]
             return [np.asarray(r)]
@@ -577,8 +761,15 @@ class _Emitter:
                 if x.sz is False:
                     continue
                 if other.taint:
-                    parts.append(_and([x.sz, _Lazy(lambda ov=ov: _arr(lax.is_finite(
-                        jnp.asarray(ov)), shape))], shape))
+                    parts.append(
+                        _and(
+                            [
+                                x.sz,
+                                _Lazy(lambda ov=ov: _arr(lax.is_finite(jnp.asarray(ov)), shape)),
+                            ],
+                            shape,
+                        )
+                    )
                 else:
                     parts.append(x.sz)
             return _or(parts, shape), why
@@ -606,24 +797,32 @@ class _Emitter:
             if _is_static(m):
                 return m, ms[0].why
             ax, rev = eqn.params["axis"], eqn.params.get("reverse", False)
-            return _Lazy(lambda: lax.cumsum((~_arr(m, shape)).astype(jnp.int32), ax, rev)
-                         == 0), ms[0].why
+            return _Lazy(lambda: lax.cumsum((~_arr(m, shape)).astype(jnp.int32), ax, rev) == 0), ms[
+                0
+            ].why
         if name == "concatenate":
             if all(m.sz is False for m in ms):
                 return False, frozenset()
             if all(m.sz is True for m in ms):
                 return True, why
-            return _Lazy(lambda: _bind(eqn, [_arr(m.sz, _shape(v)) for m, v in zip(ms, vals)])[0]), why
+            return _Lazy(
+                lambda: _bind(eqn, [_arr(m.sz, _shape(v)) for m, v in zip(ms, vals)])[0]
+            ), why
         if name == "pad":
             if ms[0].sz is False and ms[1].sz is False:
                 return False, frozenset()
-            return _Lazy(lambda: _bind(eqn, [_arr(ms[0].sz, _shape(vals[0])),
-                                             _arr(ms[1].sz, ())])[0]), why
+            return _Lazy(
+                lambda: _bind(eqn, [_arr(ms[0].sz, _shape(vals[0])), _arr(ms[1].sz, ())])[0]
+            ), why
         if name == "dynamic_update_slice":
             if ms[0].sz is False and ms[1].sz is False:
                 return False, frozenset()
-            return _Lazy(lambda: _bind(eqn, [_arr(ms[0].sz, _shape(vals[0])),
-                                             _arr(ms[1].sz, _shape(vals[1])), *vals[2:]])[0]), why
+            return _Lazy(
+                lambda: _bind(
+                    eqn,
+                    [_arr(ms[0].sz, _shape(vals[0])), _arr(ms[1].sz, _shape(vals[1])), *vals[2:]],
+                )[0]
+            ), why
         if name in _BILINEAR:
             a, b = ms
             if a.sz is True or b.sz is True:
@@ -692,8 +891,21 @@ class _Emitter:
         if all(m is True for m in lcs):
             return True, src
         if all(_shape(v) in ((), shape) for v in vals) and name in (
-                "and", "or", "not", "xor", "convert_element_type", "add", "sub", "mul", "neg",
-                "select_n", "max", "min", "copy", "copy_p"):
+            "and",
+            "or",
+            "not",
+            "xor",
+            "convert_element_type",
+            "add",
+            "sub",
+            "mul",
+            "neg",
+            "select_n",
+            "max",
+            "min",
+            "copy",
+            "copy_p",
+        ):
             return _and(lcs, shape), src
         return False, src
 
@@ -718,8 +930,9 @@ class _Emitter:
             new_flags = dict(flags)
             for k, v in sub.flags.items():
                 if k in new_flags:
-                    new_flags[k] = (jnp.minimum(new_flags[k], v) if k[-1] in _MIN_KINDS
-                                    else new_flags[k] + v)
+                    new_flags[k] = (
+                        jnp.minimum(new_flags[k], v) if k[-1] in _MIN_KINDS else new_flags[k] + v
+                    )
                 else:
                     new_flags[k] = v
             return list(outs), _dyn_of(om, outs), new_flags
@@ -756,8 +969,11 @@ class _Emitter:
         def wrapped(vals, dyn):
             return fn(vals, dyn, {})
 
-        ck = jax.checkpoint(wrapped, prevent_cse=eqn.params.get("prevent_cse", True),
-                            policy=eqn.params.get("policy"))
+        ck = jax.checkpoint(
+            wrapped,
+            prevent_cse=eqn.params.get("prevent_cse", True),
+            policy=eqn.params.get("policy"),
+        )
         outs, odyn, flags = ck(list(invals), dyn)
         for k, v in flags.items():
             self._flag(ctx, k, v)
@@ -769,12 +985,12 @@ class _Emitter:
         nc, nk = p["num_consts"], p["num_carry"]
         sub = self._sub_ctx(eqn, ctx)
         c_sig = [_sig(m) for m in ms[:nc]]
-        k_sig = [_sig(m) for m in ms[nc:nc + nk]]
-        x_sig = [_slice_sig(_sig(m)) for m in ms[nc + nk:]]
-        xs_avals = [v.aval for v in eqn.invars[nc + nk:]]
+        k_sig = [_sig(m) for m in ms[nc : nc + nk]]
+        x_sig = [_slice_sig(_sig(m)) for m in ms[nc + nk :]]
+        xs_avals = [v.aval for v in eqn.invars[nc + nk :]]
         for _ in range(6):  # fixpoint of the carry's static metadata
             fn, info = self._body(jaxpr, jconsts, [*c_sig, *k_sig, *x_sig], sub)
-            args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars[:nc + nk]]
+            args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars[: nc + nk]]
             args += [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in xs_avals]
             dyn_avals = _dyn_avals([*c_sig, *k_sig, *x_sig], args)
             jax.eval_shape(lambda a, d, _fn=fn: _fn(a, d, {}), args, dyn_avals)
@@ -788,10 +1004,10 @@ class _Emitter:
         init_flags = {k: _flag_init(k) for k in keys}
         consts_v = invals[:nc]
         c_dyn = _dyn_of(ms[:nc], consts_v)
-        carry_v = list(invals[nc:nc + nk])
-        k_dyn = _dyn_of(ms[nc:nc + nk], carry_v, k_sig)
-        xs_v = list(invals[nc + nk:])
-        x_dyn = _dyn_of(ms[nc + nk:], xs_v)
+        carry_v = list(invals[nc : nc + nk])
+        k_dyn = _dyn_of(ms[nc : nc + nk], carry_v, k_sig)
+        xs_v = list(invals[nc + nk :])
+        x_dyn = _dyn_of(ms[nc + nk :], xs_v)
         n_kdyn = len(k_dyn)
         want_k = k_sig
 
@@ -805,11 +1021,18 @@ class _Emitter:
             ys_m = om[nk:]
             info["ys_sigs"] = [_sig(m) for m in ys_m]
             return (outs[:nk], kd, {k: nfl.get(k, fl[k]) for k in keys}), (
-                outs[nk:], _dyn_of(ys_m, outs[nk:]))
+                outs[nk:],
+                _dyn_of(ys_m, outs[nk:]),
+            )
 
         (cv, cd, fl), (ys, yd) = lax.scan(
-            body, (carry_v, k_dyn, init_flags), (xs_v, x_dyn), length=p["length"],
-            reverse=p["reverse"], unroll=p["unroll"])
+            body,
+            (carry_v, k_dyn, init_flags),
+            (xs_v, x_dyn),
+            length=p["length"],
+            reverse=p["reverse"],
+            unroll=p["unroll"],
+        )
         for k, v in fl.items():
             self._flag(ctx, k, v)
         carry_m = _metas_from(k_sig, cd)
@@ -822,14 +1045,15 @@ class _Emitter:
         bj, bconsts = _closed(p["body_jaxpr"])
         nc, nb = p["cond_nconsts"], p["body_nconsts"]
         sub = self._sub_ctx(eqn, ctx)
-        cv, bv, kv = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
-        b_sig = [_sig(m) for m in ms[nc:nc + nb]]
-        k_sig = [_sig(m) for m in ms[nc + nb:]]
+        cv, bv, kv = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
+        b_sig = [_sig(m) for m in ms[nc : nc + nb]]
+        k_sig = [_sig(m) for m in ms[nc + nb :]]
         for _ in range(6):
             fn, info = self._body(bj, bconsts, [*b_sig, *k_sig], sub)
             args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars[nc:]]
-            jax.eval_shape(lambda a, d, _fn=fn: _fn(a, d, {}), args,
-                           _dyn_avals([*b_sig, *k_sig], args))
+            jax.eval_shape(
+                lambda a, d, _fn=fn: _fn(a, d, {}), args, _dyn_avals([*b_sig, *k_sig], args)
+            )
             new_k = [_join(a, b) for a, b in zip(k_sig, info["sigs"])]
             if new_k == k_sig:
                 break
@@ -837,8 +1061,8 @@ class _Emitter:
         else:  # pragma: no cover
             raise RuntimeError("gradsan.jax.nansafe: while metadata did not converge")
         keys = info["keys"]
-        b_dyn = _dyn_of(ms[nc:nc + nb], bv)
-        k_dyn = _dyn_of(ms[nc + nb:], kv, k_sig)
+        b_dyn = _dyn_of(ms[nc : nc + nb], bv)
+        k_dyn = _dyn_of(ms[nc + nb :], kv, k_sig)
 
         def cond_fun(carry):
             vals, _, _ = carry
@@ -850,8 +1074,9 @@ class _Emitter:
             om = _metas_from(info["sigs"], odyn)
             return outs, _dyn_of(om, outs, k_sig), {k: nfl.get(k, fl[k]) for k in keys}
 
-        vals, kd, fl = lax.while_loop(cond_fun, body_fun,
-                                      (kv, k_dyn, {k: _flag_init(k) for k in keys}))
+        vals, kd, fl = lax.while_loop(
+            cond_fun, body_fun, (kv, k_dyn, {k: _flag_init(k) for k in keys})
+        )
         for k, v in fl.items():
             self._flag(ctx, k, v)
         return list(vals), _metas_from(k_sig, kd)
@@ -870,8 +1095,11 @@ class _Emitter:
             j, c = _closed(br)
             fn, info = self._body(j, c, sigs, sub)
             jax.eval_shape(lambda a, d, _fn=fn: _fn(a, d, {}), args, _dyn_avals(sigs, args))
-            out_sig = info["sigs"] if out_sig is None else [
-                _join(a, b) for a, b in zip(out_sig, info["sigs"])]
+            out_sig = (
+                info["sigs"]
+                if out_sig is None
+                else [_join(a, b) for a, b in zip(out_sig, info["sigs"])]
+            )
             keys |= set(info["keys"])
             fns.append((fn, info))
         keys_l = sorted(keys, key=repr)
@@ -880,8 +1108,11 @@ class _Emitter:
             def branch(ops, dyn):
                 outs, odyn, fl = fn(ops, dyn, {})
                 om = _metas_from(info["sigs"], odyn)
-                return outs, _dyn_of(om, outs, out_sig), {k: fl.get(k, _flag_init(k))
-                                                           for k in keys_l}
+                return (
+                    outs,
+                    _dyn_of(om, outs, out_sig),
+                    {k: fl.get(k, _flag_init(k)) for k in keys_l},
+                )
 
             return branch
 
@@ -918,7 +1149,9 @@ class _Emitter:
             else:
                 prev.count += n
                 prev.detail["repaired" if f.kind == "resolved" else "count"] = prev.count
-                prev.values = prev.values.replace(f"{prev.count - n} element", f"{prev.count} element", 1)
+                prev.values = prev.values.replace(
+                    f"{prev.count - n} element", f"{prev.count} element", 1
+                )
         if self.mode == "strong_zero":
             rep.notes.append(
                 "mode='strong_zero': every 0 * inf (and 0 / 0) in the backward pass was set to 0. "
@@ -941,37 +1174,58 @@ class _Emitter:
             for w in sorted(site.why, key=repr):
                 if isinstance(w, tuple) and w[0] == "select":
                     m = margins.get(w[1])
-                    reasons.append("unselected where branch" + (
-                        f", margin {m:.6g}" if m is not None and np.isfinite(m) else ""))
+                    reasons.append(
+                        "unselected where branch"
+                        + (f", margin {m:.6g}" if m is not None and np.isfinite(m) else "")
+                    )
                 elif isinstance(w, str):
                     reasons.append(w)
             rule = "structural zero: " + ("; ".join(dict.fromkeys(reasons)) or "zero path")
             detail = {"rule": rule, "repaired": n, "proven": True}
             kind = "resolved"
-            how = (f"{n} element(s) of `{site.op}` computed 0 * inf (or 0 / 0) with a "
-                   "structurally zero factor; set to exactly 0, the true gradient (G3)")
+            how = (
+                f"{n} element(s) of `{site.op}` computed 0 * inf (or 0 / 0) with a "
+                "structurally zero factor; set to exactly 0, the true gradient (G3)"
+            )
         elif site.kind == "conv":
-            detail = {"rule": "strong-zero convention", "repaired": n, "proven": False,
-                      "note": "0 * inf := 0 applied where the zero is not known to be "
-                              "structural: a convention, NOT a proven gradient"}
+            detail = {
+                "rule": "strong-zero convention",
+                "repaired": n,
+                "proven": False,
+                "note": "0 * inf := 0 applied where the zero is not known to be "
+                "structural: a convention, NOT a proven gradient",
+            }
             kind = "resolved"
-            how = (f"{n} element(s) of `{site.op}` set to 0 by the strong-zero convention "
-                   "(not proven: can be a wrong finite value)")
+            how = (
+                f"{n} element(s) of `{site.op}` set to 0 by the strong-zero convention "
+                "(not proven: can be a wrong finite value)"
+            )
         else:
-            detail = {"rule": "none: the zero is numerical",
-                      "why_unresolved": "the zero that met the inf is not structural (it "
-                      "vanishes only at this point), so 0 * inf has no single value here; "
-                      "nansafe leaves it non-finite",
-                      "note": "deciding it needs the limit engine, gradsan.jax.certify "
-                              "(a later feature)"}
+            detail = {
+                "rule": "none: the zero is numerical",
+                "why_unresolved": "the zero that met the inf is not structural (it "
+                "vanishes only at this point), so 0 * inf has no single value here; "
+                "nansafe leaves it non-finite",
+                "note": "deciding it needs the limit engine, gradsan.jax.certify (a later feature)",
+            }
             kind = "unresolved"
             how = f"{n} element(s) of `{site.op}` computed 0 * inf (or 0 / 0) and stayed NaN"
         f = catalog_finding(
-            backend="jax", entry_id=entry, kind=kind, phase="gradient", primitive=prim,
-            where=site.where, result="finite" if kind == "resolved" else "nan",
-            backend_op=f"{site.op} (backward)", count=n, size=0, library=site.library,
-            form="0*inf" if site.op != "div" else "0/0", met_op=site.op,
-            met_where=site.where, detail=detail,
+            backend="jax",
+            entry_id=entry,
+            kind=kind,
+            phase="gradient",
+            primitive=prim,
+            where=site.where,
+            result="finite" if kind == "resolved" else "nan",
+            backend_op=f"{site.op} (backward)",
+            count=n,
+            size=0,
+            library=site.library,
+            form="0*inf" if site.op != "div" else "0/0",
+            met_op=site.op,
+            met_where=site.where,
+            detail=detail,
         )
         f.values = how
         return f
@@ -979,13 +1233,13 @@ class _Emitter:
 
 # -- static signatures of metadata for nested bodies -----------------------------------------------
 
+
 def _meta_from_sig(sig: tuple, it) -> M:
     szk, lck, taint, const, disc, why, cv, lcsrc = sig
     sz = next(it) if szk == 2 else bool(szk)
     lc = next(it) if lck == 2 else bool(lck)
     cval = np.frombuffer(cv[1], dtype=np.dtype(cv[0])).reshape(()) if cv is not None else None
-    return M(sz=sz, lc=lc, taint=taint, const=const, disc=disc, why=why, cval=cval,
-             lcsrc=lcsrc)
+    return M(sz=sz, lc=lc, taint=taint, const=const, disc=disc, why=why, cval=cval, lcsrc=lcsrc)
 
 
 def _metas_from(sigs, dyn) -> list[M]:
@@ -1035,8 +1289,9 @@ def _flag_init(key: tuple):
 _counter = itertools.count()
 
 
-def nansafe(fun: Callable, *, mode: str = "structural", report: bool = False,
-            limit: bool = True) -> Callable:
+def nansafe(
+    fun: Callable, *, mode: str = "structural", report: bool = False, limit: bool = True
+) -> Callable:
     """Evaluate ``fun`` (a gradient, a train step) with ``0 * inf`` repaired where it is proven.
 
     Outputs are bit-identical to ``fun`` wherever everything is finite. Where a ``0 * inf`` (or
@@ -1087,11 +1342,22 @@ def nansafe(fun: Callable, *, mode: str = "structural", report: bool = False,
                 "jax.jit; wrap the jitted function instead: "
                 "gradsan.jax.nansafe(jax.jit(fun), report=True)(*args)"
             )
-        key = (in_tree, tuple((np.shape(x), jnp.result_type(x), getattr(x, "weak_type", None)
-                               if not isinstance(x, (int, float, complex, bool)) else type(x))
-                              for x in flat))
+        key = (
+            in_tree,
+            tuple(
+                (
+                    np.shape(x),
+                    jnp.result_type(x),
+                    getattr(x, "weak_type", None)
+                    if not isinstance(x, (int, float, complex, bool))
+                    else type(x),
+                )
+                for x in flat
+            ),
+        )
         entry = cache.get(key)
         if entry is None:
+
             def flat_fun(*fl):  # a fresh closure per trace: make_jaxpr caches per callable (P7)
                 a, k = jax.tree_util.tree_unflatten(in_tree, list(fl))
                 return fun(*a, **k)
@@ -1106,9 +1372,9 @@ def nansafe(fun: Callable, *, mode: str = "structural", report: bool = False,
 
             def run(*fl):
                 ctx = _Ctx(backward=False, frame=None, path=(), library=None, flags={})
-                outs, _ = em.run(jaxpr, consts,
-                                 [_const_meta(c, None) for c in consts],
-                                 list(fl), in_metas, ctx)
+                outs, _ = em.run(
+                    jaxpr, consts, [_const_meta(c, None) for c in consts], list(fl), in_metas, ctx
+                )
                 return outs, (ctx.flags if report else {})
 
             out_tree = jax.tree_util.tree_structure(out_shape)
@@ -1152,8 +1418,11 @@ def _host_limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
     """The host decision, one for both paths (an eager call, and the callback under jit):
     None when every float output is finite (nothing to decide) or when the limit engine has no
     certified number; else (certified gradient, finding) from :func:`_limit`."""
-    if all(np.isfinite(np.asarray(x)).all()
-           for x in jax.tree_util.tree_leaves(result) if _is_float_array(x)):
+    if all(
+        np.isfinite(np.asarray(x)).all()
+        for x in jax.tree_util.tree_leaves(result)
+        if _is_float_array(x)
+    ):
         return None
     return _limit(fun, args, kwargs, result)
 
@@ -1192,14 +1461,17 @@ def _limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
     if label not in ("gradient", "clarke-subgradient"):
         return None
     grad = jax.tree_util.tree_map(
-        lambda c, r: jnp.asarray(c, dtype=r.dtype).reshape(r.shape), rep.outputs, result)
+        lambda c, r: jnp.asarray(c, dtype=r.dtype).reshape(r.shape), rep.outputs, result
+    )
     f.kind = "resolved"
-    f.detail["rule"] = ("limit engine (gradsan.jax.certify): "
-                        + ("the gradient" if label == "gradient" else "a Clarke subgradient"))
+    f.detail["rule"] = "limit engine (gradsan.jax.certify): " + (
+        "the gradient" if label == "gradient" else "a Clarke subgradient"
+    )
     return grad, f
 
 
 # -- the limit engine inside a traced program (jax.jit, vmap, jvp) -------------------------------
+
 
 def _callback_operand(x: Any) -> bool:
     """A leaf that travels to the host as a callback operand (an array or a tracer of a plain
@@ -1261,8 +1533,9 @@ def _guarded(to_host: Callable, checked: list) -> Callable:
     def fixed(ops, os):
         # a loop run at most once rather than a cond: a cond's identity branch copies every
         # output, a while loop's state keeps the outputs' buffers (the copy is in the body)
-        return lax.while_loop(lambda s: ~s[0], lambda s: (True, to_host(ops, s[1])),
-                              (finite(os), list(os)))[1]
+        return lax.while_loop(
+            lambda s: ~s[0], lambda s: (True, to_host(ops, s[1])), (finite(os), list(os))
+        )[1]
 
     @fixed.def_vmap
     def _batched(size, in_batched, ops, os):

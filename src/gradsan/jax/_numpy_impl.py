@@ -13,8 +13,21 @@ from typing import Any
 
 import numpy as np
 
-_OK_DTYPES = {np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16, np.int32,
-                                    np.int64, np.uint8, np.uint32, np.uint64, np.bool_)}
+_OK_DTYPES = {
+    np.dtype(t)
+    for t in (
+        np.float32,
+        np.float64,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.uint8,
+        np.uint32,
+        np.uint64,
+        np.bool_,
+    )
+}
 
 
 def _arith(fn: Callable) -> Callable:
@@ -142,7 +155,10 @@ def evaluate(eqn, invals: list) -> list | None:
         d = getattr(v, "dtype", None)
         if d is not None and np.dtype(d) not in _OK_DTYPES:
             return None
-        if getattr(v, "sharding", None) is not None and len(getattr(v, "devices", lambda: [0])()) > 1:
+        if (
+            getattr(v, "sharding", None) is not None
+            and len(getattr(v, "devices", lambda: [0])()) > 1
+        ):
             return None
     with np.errstate(all="ignore"):
         out = impl(invals, eqn.params, dtype)

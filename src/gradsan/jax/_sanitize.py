@@ -64,14 +64,36 @@ COMPARISONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "
 # Library functions summarized as one operation (their internals would report several kinks).
 LIBRARY_OPS = {"clip-at-bound": "clamp", "hypot-at-origin": "hypot"}
 JUMPS = {"sign", "floor", "ceil", "round", "trunc"}
-TIES = {"max", "min", "reduce_max", "reduce_min", "argmax", "argmin", "sort", "top_k",
-        "cummax", "cummin", "reduce_window_max", "reduce_window_min", "where", "clamp",
-        "relu", "abs", "hypot"} | JUMPS
+TIES = {
+    "max",
+    "min",
+    "reduce_max",
+    "reduce_min",
+    "argmax",
+    "argmin",
+    "sort",
+    "top_k",
+    "cummax",
+    "cummin",
+    "reduce_window_max",
+    "reduce_window_min",
+    "where",
+    "clamp",
+    "relu",
+    "abs",
+    "hypot",
+} | JUMPS
 
 _CALLS = {
-    "pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-    "remat2": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
 }
 _CUSTOM = {"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"}
 
@@ -142,8 +164,18 @@ def _params(prim: str, params: dict, invals: list) -> dict:
         p["reverse"] = params.get("reverse", False)
         p["_min"] = prim == "cummin"
     elif prim in ("reduce_window_max", "reduce_window_min"):
-        p.update({k: params.get(k) for k in ("window_dimensions", "window_strides", "padding",
-                                             "base_dilation", "window_dilation")})
+        p.update(
+            {
+                k: params.get(k)
+                for k in (
+                    "window_dimensions",
+                    "window_strides",
+                    "padding",
+                    "base_dilation",
+                    "window_dilation",
+                )
+            }
+        )
         p["_min"] = prim == "reduce_window_min"
     elif prim == "convert_element_type":
         p["to_bool"] = np.dtype(params["new_dtype"]) == np.bool_
@@ -174,8 +206,13 @@ class KinkEval:
     three modes agree on keys at the same primal point.
     """
 
-    def __init__(self, mode: str = "scan", want: set | None = None,
-                 decisions: dict | None = None, locked_calls: set | None = None):
+    def __init__(
+        self,
+        mode: str = "scan",
+        want: set | None = None,
+        decisions: dict | None = None,
+        locked_calls: set | None = None,
+    ):
         self.mode = mode
         self.want = want or set()
         self.decisions = decisions or {}
@@ -189,8 +226,14 @@ class KinkEval:
 
     def run_closed(self, closed, args: list, deps: list):
         top = Scope()
-        return self.run(closed.jaxpr, list(closed.consts), [False] * len(closed.consts),
-                        list(args), list(deps), top)
+        return self.run(
+            closed.jaxpr,
+            list(closed.consts),
+            [False] * len(closed.consts),
+            list(args),
+            list(deps),
+            top,
+        )
 
     def run(self, jaxpr, consts, cdeps, args, adeps, scope: Scope):
         env: dict = {}
@@ -287,8 +330,12 @@ class KinkEval:
             sub.library = _library_name(jaxpr, fname)
             if sub.library is None and fname in ("clip", "hypot"):
                 sub.library = f"jnp.{fname}"
-        if self.mode in ("scan", "screen") and not sub.backward and not scope.summarized \
-                and any(deps):
+        if (
+            self.mode in ("scan", "screen")
+            and not sub.backward
+            and not scope.summarized
+            and any(deps)
+        ):
             self._library_kink(eqn, key, invals, deps, sub)
         return jaxpr, consts, sub
 
@@ -322,9 +369,22 @@ class KinkEval:
         hit = classify(op, operands, None, {})
         if hit is None:
             return
-        self.kinks.append(Kink(key, op, sub.library, eqn, sub, operands, tuple(kdeps), {},
-                               hit.entry_id, np.asarray(hit.mask, bool), hit.got,
-                               invals=list(invals)))
+        self.kinks.append(
+            Kink(
+                key,
+                op,
+                sub.library,
+                eqn,
+                sub,
+                operands,
+                tuple(kdeps),
+                {},
+                hit.entry_id,
+                np.asarray(hit.mask, bool),
+                hit.got,
+                invals=list(invals),
+            )
+        )
         self.calls_with_kinks.update(self._open_calls)
         self.calls_with_kinks.add(key)
 
@@ -332,15 +392,23 @@ class KinkEval:
         p = eqn.params
         jaxpr, jconsts = _closed(p["jaxpr"])
         nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
-        consts, carry, xs = invals[:nc], list(invals[nc:nc + nk]), invals[nc + nk:]
-        cd, kd, xd = deps[:nc], list(deps[nc:nc + nk]), deps[nc + nk:]
+        consts, carry, xs = invals[:nc], list(invals[nc : nc + nk]), invals[nc + nk :]
+        cd, kd, xd = deps[:nc], list(deps[nc : nc + nk]), deps[nc + nk :]
         ys: list[list] = []
         yd = [False] * (len(jaxpr.outvars) - nk)
         for k in range(length):
             i = length - 1 - k if p.get("reverse", False) else k
-            sub = self._sub(eqn, scope, (*key, i), self._ctx(scope, f"scan iteration {i} (of {length})"))
-            outs, od = self.run(jaxpr, jconsts, [False] * len(jconsts),
-                                [*consts, *carry, *[x[i] for x in xs]], [*cd, *kd, *xd], sub)
+            sub = self._sub(
+                eqn, scope, (*key, i), self._ctx(scope, f"scan iteration {i} (of {length})")
+            )
+            outs, od = self.run(
+                jaxpr,
+                jconsts,
+                [False] * len(jconsts),
+                [*consts, *carry, *[x[i] for x in xs]],
+                [*cd, *kd, *xd],
+                sub,
+            )
             carry, kd = list(outs[:nk]), list(od[:nk])
             ys.append(outs[nk:])
             yd = [a or b for a, b in zip(yd, od[nk:])]
@@ -349,7 +417,9 @@ class KinkEval:
         stacked = []
         for j in range(len(yd)):
             aval = eqn.outvars[nk + j].aval
-            stacked.append(jnp.stack([y[j] for y in ys]) if length else jnp.zeros(aval.shape, aval.dtype))
+            stacked.append(
+                jnp.stack([y[j] for y in ys]) if length else jnp.zeros(aval.shape, aval.dtype)
+            )
         return [*carry, *stacked], [*kd, *yd]
 
     def _while(self, eqn, key, invals, deps, scope):
@@ -357,8 +427,8 @@ class KinkEval:
         cj, cc = _closed(p["cond_jaxpr"])
         bj, bc = _closed(p["body_jaxpr"])
         nc, nb = p["cond_nconsts"], p["body_nconsts"]
-        cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
-        cdeps, bdeps, kd = deps[:nc], deps[nc:nc + nb], list(deps[nc + nb:])
+        cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
+        cdeps, bdeps, kd = deps[:nc], deps[nc : nc + nb], list(deps[nc + nb :])
         k = 0
         while True:
             sub = self._sub(eqn, scope, (*key, "c", k))
@@ -397,9 +467,22 @@ class KinkEval:
                 eqm = np.broadcast_to(lhs == rhs, np.shape(outs[0]))
             if eqm.any():
                 self.cmps[id(outs[0])] = (outs[0], key, lhs, rhs, eqm, tuple(deps), eqn, scope)
-                self.cmp_kinks.append(Kink(key, "cmp", name, eqn, scope, [lhs, rhs],
-                                           tuple(deps), {}, "where-at-boundary", eqm, "",
-                                           summarized=scope.summarized))
+                self.cmp_kinks.append(
+                    Kink(
+                        key,
+                        "cmp",
+                        name,
+                        eqn,
+                        scope,
+                        [lhs, rhs],
+                        tuple(deps),
+                        {},
+                        "where-at-boundary",
+                        eqm,
+                        "",
+                        summarized=scope.summarized,
+                    )
+                )
                 self.calls_with_kinks.update(self._open_calls)
             return
         if name == "select_n":
@@ -410,9 +493,24 @@ class KinkEval:
             mask = np.broadcast_to(eqm, np.shape(outs[0]))
             got = format_value(np.broadcast_to(lhs, eqm.shape)[eqm].flat[0])
             cases = [_np(v) for v in invals[1:]]
-            self.kinks.append(Kink(ckey, "where", COMPARISONS[ceqn.primitive.name], eqn, scope,
-                                   [lhs, rhs], cdeps, {}, "where-at-boundary", mask, got,
-                                   cases=cases, pred=_np(invals[0]), summarized=scope.summarized))
+            self.kinks.append(
+                Kink(
+                    ckey,
+                    "where",
+                    COMPARISONS[ceqn.primitive.name],
+                    eqn,
+                    scope,
+                    [lhs, rhs],
+                    cdeps,
+                    {},
+                    "where-at-boundary",
+                    mask,
+                    got,
+                    cases=cases,
+                    pred=_np(invals[0]),
+                    summarized=scope.summarized,
+                )
+            )
             return
         op = KINK_OPS.get(name)
         if op is None:
@@ -436,9 +534,23 @@ class KinkEval:
             const = operands[1] if deps[0] else operands[0]
             if np.all(const == 0):
                 entry_id, kop = "relu-at-zero", "relu"
-        self.kinks.append(Kink(key, kop, name, eqn, scope, operands, tuple(deps), params,
-                               entry_id, np.asarray(hit.mask, bool), hit.got,
-                               invals=list(invals), summarized=scope.summarized))
+        self.kinks.append(
+            Kink(
+                key,
+                kop,
+                name,
+                eqn,
+                scope,
+                operands,
+                tuple(deps),
+                params,
+                entry_id,
+                np.asarray(hit.mask, bool),
+                hit.got,
+                invals=list(invals),
+                summarized=scope.summarized,
+            )
+        )
         self.calls_with_kinks.update(self._open_calls)
 
 
@@ -462,7 +574,7 @@ def _carry_fixpoint(jaxpr, fixed: list, carry: list, rest: list, n_out_carry_at:
     kd = list(carry)
     while True:
         od = _deps_of(jaxpr, [*fixed, *kd, *rest])
-        new = [a or b for a, b in zip(kd, od[n_out_carry_at:n_out_carry_at + len(kd)])]
+        new = [a or b for a, b in zip(kd, od[n_out_carry_at : n_out_carry_at + len(kd)])]
         if new == kd:
             return kd
         kd = new
@@ -519,9 +631,11 @@ class _Screen(KinkEval):
         sig = (id(jaxpr), tuple(deps), sub.backward, sub.summarized, pos)
         cached = self._fns.get(sig)
         if cached is None or cached[1] is not jaxpr:
+
             def body(ops, masks, jaxpr=jaxpr, consts=consts, sub=sub, deps=tuple(deps), pos=pos):
-                (outs, _), n = self._nested(self._run_with, jaxpr, consts, list(ops), list(deps),
-                                            sub, pos, masks)
+                (outs, _), n = self._nested(
+                    self._run_with, jaxpr, consts, list(ops), list(deps), sub, pos, masks
+                )
                 return list(outs), n
 
             cached = self._fns[sig] = (jax.jit(body), jaxpr)
@@ -549,8 +663,7 @@ class _Screen(KinkEval):
         found = self._library_operands(eqn, invals, deps, sub)
         if found is not None:
             op, operands, _ = found
-            self._add(jnp.sum(kink_mask(op, [jnp.asarray(o) for o in operands],
-                                                 {}, xp=jnp)))
+            self._add(jnp.sum(kink_mask(op, [jnp.asarray(o) for o in operands], {}, xp=jnp)))
 
     def _classify(self, eqn, key, invals, deps, outs, scope: Scope) -> None:
         name = eqn.primitive.name
@@ -577,8 +690,13 @@ class _Screen(KinkEval):
         if m is not None:
             self._add(jnp.sum(m))
         else:
-            self._add(jax.pure_callback(functools.partial(_host_count, op, params),
-                                        jax.ShapeDtypeStruct((), jnp.int32), *operands))
+            self._add(
+                jax.pure_callback(
+                    functools.partial(_host_count, op, params),
+                    jax.ShapeDtypeStruct((), jnp.int32),
+                    *operands,
+                )
+            )
 
     def _screen_cond(self, eqn, key, invals, deps, scope):
         odeps: list = [False] * len(eqn.outvars)
@@ -589,14 +707,20 @@ class _Screen(KinkEval):
             sub = self._sub(eqn, scope, (*key, i))
 
             def run(ops, masks):
-                (outs, od), n = self._nested(self._run_with, jaxpr, consts, list(ops),
-                                             list(deps[1:]), sub, pos, masks)
+                (outs, od), n = self._nested(
+                    self._run_with, jaxpr, consts, list(ops), list(deps[1:]), sub, pos, masks
+                )
                 odeps[:] = [a or b for a, b in zip(odeps, od)]
                 return list(outs), n
+
             return run
 
-        outs, n = jax.lax.switch(invals[0], [branch(i) for i in range(len(eqn.params["branches"]))],
-                                 list(invals[1:]), masks)
+        outs, n = jax.lax.switch(
+            invals[0],
+            [branch(i) for i in range(len(eqn.params["branches"]))],
+            list(invals[1:]),
+            masks,
+        )
         self._add(n)
         return outs, odeps
 
@@ -604,21 +728,29 @@ class _Screen(KinkEval):
         p = eqn.params
         jaxpr, jconsts = _closed(p["jaxpr"])
         nc, nk = p["num_consts"], p["num_carry"]
-        consts, carry, xs = invals[:nc], list(invals[nc:nc + nk]), list(invals[nc + nk:])
-        cd, xd = list(deps[:nc]), list(deps[nc + nk:])
-        kd = _carry_fixpoint(jaxpr, cd, list(deps[nc:nc + nk]), xd)
+        consts, carry, xs = invals[:nc], list(invals[nc : nc + nk]), list(invals[nc + nk :])
+        cd, xd = list(deps[:nc]), list(deps[nc + nk :])
+        kd = _carry_fixpoint(jaxpr, cd, list(deps[nc : nc + nk]), xd)
         sub = self._sub(eqn, scope, (*key, "i"))
         yd: list = [False] * (len(jaxpr.outvars) - nk)
 
         def body(c, x):
             carry, n = c
-            (outs, od), m = self._nested(self.run, jaxpr, jconsts, [False] * len(jconsts),
-                                         [*consts, *carry, *x], [*cd, *kd, *xd], sub)
+            (outs, od), m = self._nested(
+                self.run,
+                jaxpr,
+                jconsts,
+                [False] * len(jconsts),
+                [*consts, *carry, *x],
+                [*cd, *kd, *xd],
+                sub,
+            )
             yd[:] = [a or b for a, b in zip(yd, od[nk:])]
             return (list(outs[:nk]), n + m), list(outs[nk:])
 
-        (carry, n), ys = jax.lax.scan(body, (carry, jnp.int32(0)), xs, length=p["length"],
-                                      reverse=p.get("reverse", False))
+        (carry, n), ys = jax.lax.scan(
+            body, (carry, jnp.int32(0)), xs, length=p["length"], reverse=p.get("reverse", False)
+        )
         self._add(n)
         return [*carry, *ys], [*kd, *yd]
 
@@ -627,22 +759,24 @@ class _Screen(KinkEval):
         cj, cc = _closed(p["cond_jaxpr"])
         bj, bc = _closed(p["body_jaxpr"])
         nc, nb = p["cond_nconsts"], p["body_nconsts"]
-        cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
-        cdeps, bdeps = list(deps[:nc]), list(deps[nc:nc + nb])
-        kd = _carry_fixpoint(bj, bdeps, list(deps[nc + nb:]), [])
+        cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
+        cdeps, bdeps = list(deps[:nc]), list(deps[nc : nc + nb])
+        kd = _carry_fixpoint(bj, bdeps, list(deps[nc + nb :]), [])
         csub = self._sub(eqn, scope, (*key, "c"))
         bsub = self._sub(eqn, scope, (*key, "b"))
 
         def test(carry):
-            (pred, _), n = self._nested(self.run, cj, cc, [False] * len(cc),
-                                        [*cconsts, *carry], [*cdeps, *kd], csub)
+            (pred, _), n = self._nested(
+                self.run, cj, cc, [False] * len(cc), [*cconsts, *carry], [*cdeps, *kd], csub
+            )
             return pred[0], n
 
         def body(c):
             carry, n = c
             _, m_test = test(carry)  # the test that let this iteration run
-            (outs, _), m = self._nested(self.run, bj, bc, [False] * len(bc),
-                                        [*bconsts, *carry], [*bdeps, *kd], bsub)
+            (outs, _), m = self._nested(
+                self.run, bj, bc, [False] * len(bc), [*bconsts, *carry], [*bdeps, *kd], bsub
+            )
             return list(outs), n + m_test + m
 
         carry, n = jax.lax.while_loop(lambda c: test(c[0])[0], body, (carry, jnp.int32(0)))
@@ -667,8 +801,9 @@ class _Screener:
         if entry is None:
             entry = self.cache[key] = self._build(call.fun)
         jitted, out_tree = entry
-        flat = [jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a
-                for a in call.flat]
+        flat = [
+            jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a for a in call.flat
+        ]
         outs, kinks = jitted(*flat)
         # finiteness on the host: a reduction per leaf in the program would triple its compile
         # time on a net with hundreds of parameter arrays. Only the outputs: explain blames
@@ -697,8 +832,9 @@ class _Screener:
 def trace(fun: Callable, args: tuple, kwargs: dict):
     """(closed jaxpr, flat args) of ``fun`` at ``args``; static arguments of a jit stay bound."""
     call = flatten_call(fun, args, kwargs)
-    flat_args = [jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a
-                 for a in call.flat]
+    flat_args = [
+        jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a for a in call.flat
+    ]
     closed = jax.make_jaxpr(call.fun)(*flat_args)
     return closed, flat_args, call.in_tree
 
@@ -889,12 +1025,17 @@ def _jvp_wrt(eqn, invals: list, i: int) -> list[np.ndarray]:
         return _bind(eqn, full)
 
     _, tout = jax.jvp(f, (jnp.asarray(invals[i]),), (ts[i],))
-    return [_np(t) if np.asarray(t).dtype.kind in "fc" or str(np.asarray(t).dtype) == "bfloat16"
-            else np.zeros(np.shape(t)) for t in tout]
+    return [
+        _np(t)
+        if np.asarray(t).dtype.kind in "fc" or str(np.asarray(t).dtype) == "bfloat16"
+        else np.zeros(np.shape(t))
+        for t in tout
+    ]
 
 
 def _vjp_onehot(eqn, invals: list, out_i: int, idx: tuple) -> np.ndarray:
     """Gradient w.r.t. operand 0 of output ``out_i`` at position ``idx``."""
+
     def f(x):
         full = list(invals)
         full[0] = x
@@ -922,8 +1063,12 @@ def convention(k: Kink) -> dict[str, Any]:
         if op in ("abs", "relu", "sign", "floor", "ceil", "round", "trunc"):
             i = 0 if op != "relu" else (0 if k.deps[0] else 1)
             custom = k.scope.custom
-            if op == "relu" and custom is not None and len(custom[1]) == 1 \
-                    and np.shape(custom[1][0]) == np.shape(k.invals[i]):
+            if (
+                op == "relu"
+                and custom is not None
+                and len(custom[1]) == 1
+                and np.shape(custom[1][0]) == np.shape(k.invals[i])
+            ):
                 val = _at(_jvp_wrt(custom[0], list(custom[1]), 0)[0], idx, shape)
                 d["rule"] = "the custom_jvp rule of the enclosing function (jax.nn.relu)"
             elif op == "trunc":
@@ -938,8 +1083,10 @@ def convention(k: Kink) -> dict[str, Any]:
             else:
                 d["admissible"] = False
                 d["blocked"] = True
-                d["note"] = ("the function jumps here: the gradient through it is blocked (0), "
-                             "which is no subgradient")
+                d["note"] = (
+                    "the function jumps here: the gradient through it is blocked (0), "
+                    "which is no subgradient"
+                )
         elif op in ("max", "min"):
             vals = [float(_at(_jvp_wrt(k.eqn, k.invals, i)[0], idx, shape)) for i in (0, 1)]
             d["value"] = "(" + ", ".join(_fmt(v) for v in vals) + ")"
@@ -964,20 +1111,29 @@ def convention(k: Kink) -> dict[str, Any]:
             d["value"] = f"({_fmt(g[0])}, {_fmt(g[1])})"
             d["admissible"] = False
             d["note"] = "atan2 is discontinuous at the origin: no value is a subgradient"
-        elif op in ("reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min",
-                    "cummax", "cummin"):
+        elif op in (
+            "reduce_max",
+            "reduce_min",
+            "reduce_window_max",
+            "reduce_window_min",
+            "cummax",
+            "cummin",
+        ):
             g = _vjp_onehot(k.eqn, k.invals, 0, idx)
             tied = _tied_inputs(k, idx)
             w = g[tied]
             d["value"] = "[" + ", ".join(_fmt(v) for v in w[:8]) + "] on the tied elements"
-            d["admissible"] = bool(np.all(w >= -1e-6) and abs(w.sum() - 1) <= 1e-3
-                                   and np.all(np.abs(g[~tied]) <= 1e-6))
+            d["admissible"] = bool(
+                np.all(w >= -1e-6) and abs(w.sum() - 1) <= 1e-3 and np.all(np.abs(g[~tied]) <= 1e-6)
+            )
         elif op in ("argmax", "argmin"):
             out = _np(_bind(k.eqn, k.invals)[0])
             d["value"] = f"index {int(_at(out, idx, shape))} (the first of the tied elements)"
             d["admissible"] = True
-            d["note"] = ("an index carries no gradient; gathering at it sends the whole gradient "
-                         "to one tied element, a vertex of the subdifferential")
+            d["note"] = (
+                "an index carries no gradient; gathering at it sends the whole gradient "
+                "to one tied element, a vertex of the subdifferential"
+            )
         elif op in ("sort", "top_k"):
             d.update(_sort_convention(k, idx))
         elif op == "where":
@@ -989,11 +1145,15 @@ def convention(k: Kink) -> dict[str, Any]:
             d["admissible"] = agree
             d["branches_agree"] = agree
             if not agree:
-                d["note"] = ("the branches differ in value on the boundary: the function jumps "
-                             "there and no gradient is right")
+                d["note"] = (
+                    "the branches differ in value on the boundary: the function jumps "
+                    "there and no gradient is right"
+                )
         elif op in ("eigh", "svd"):
-            d["value"] = ("a finite gradient for the eigenvalues (v v^T for the basis returned); "
-                          "nan through the eigenvectors")
+            d["value"] = (
+                "a finite gradient for the eigenvalues (v v^T for the basis returned); "
+                "nan through the eigenvectors"
+            )
             d["admissible"] = True
             d["note"] = "admissible for the eigenvalues only; the eigenvectors have none"
     except Exception as e:  # a convention we cannot evaluate is not a reason to fail
@@ -1032,8 +1192,10 @@ def _tied_inputs(k: Kink, idx: tuple) -> np.ndarray:
     pad = tuple(k.params.get("padding") or ((0, 0),) * x.ndim)
     wdil = tuple(k.params.get("window_dilation") or (1,) * x.ndim)
     sel = np.zeros(x.shape, bool)
-    coords = [[idx[a] * strides[a] - pad[a][0] + j * wdil[a] for j in range(dims[a])]
-              for a in range(x.ndim)]
+    coords = [
+        [idx[a] * strides[a] - pad[a][0] + j * wdil[a] for j in range(dims[a])]
+        for a in range(x.ndim)
+    ]
     for c in np.ndindex(*dims):
         pos = tuple(coords[a][c[a]] for a in range(x.ndim))
         if all(0 <= p < s for p, s in zip(pos, x.shape)):
@@ -1064,9 +1226,10 @@ def _sort_convention(k: Kink, idx: tuple) -> dict[str, Any]:
     w = g[tied]
     return {
         "value": f"the whole gradient to index {got} of the tied "
-                 f"{[int(i[axis]) for i in np.argwhere(tied)]}",
-        "admissible": bool(np.all(w >= -1e-6) and abs(w.sum() - 1) <= 1e-3
-                           and np.all(np.abs(g[~tied]) <= 1e-6)),
+        f"{[int(i[axis]) for i in np.argwhere(tied)]}",
+        "admissible": bool(
+            np.all(w >= -1e-6) and abs(w.sum() - 1) <= 1e-3 and np.all(np.abs(g[~tied]) <= 1e-6)
+        ),
     }
 
 
@@ -1080,7 +1243,8 @@ def kink_finding(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> 
     if conv:
         detail["convention"] = conv
     detail["subdifferential"] = entry.subdifferential or (
-        "none: the function jumps here" if entry.kind == "discontinuity" else None)
+        "none: the function jumps here" if entry.kind == "discontinuity" else None
+    )
     detail.update(convention(k))
     if k.op == "where":
         detail["comparison"] = f"lhs {k.prim} rhs with lhs == rhs"
@@ -1090,16 +1254,29 @@ def kink_finding(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> 
         detail["trivial_count"] = n_triv
         detail["tie"] = "trivial" if n_triv == n_hit else "non-trivial"
         if detail["tie"] == "trivial":
-            detail["tie_note"] = ("the tied candidates are the same function of the inputs "
-                                  "(equal tangents along random directions): the gradient is exact")
+            detail["tie_note"] = (
+                "the tied candidates are the same function of the inputs "
+                "(equal tangents along random directions): the gradient is exact"
+            )
     kind = "convention" if k.entry_id == "atan2-at-origin" else "kink"
     prim = k.prim if k.op != "where" else "select_n"
     f = catalog_finding(
-        backend="jax", entry_id=k.entry_id, kind=kind, phase="gradient",
+        backend="jax",
+        entry_id=k.entry_id,
+        kind=kind,
+        phase="gradient",
         primitive=prim if k.op not in ("clamp", "hypot") or k.prim == "clamp" else k.prim,
-        where=k.frame, result="finite", backend_op=k.eqn.primitive.name,
-        got=k.got, count=count, size=size, index=k.index, library=k.scope.library,
-        context=k.scope.context, scope="/".join(str(p) for p in k.scope.path), detail=detail,
+        where=k.frame,
+        result="finite",
+        backend_op=k.eqn.primitive.name,
+        got=k.got,
+        count=count,
+        size=size,
+        index=k.index,
+        library=k.scope.library,
+        context=k.scope.context,
+        scope="/".join(str(p) for p in k.scope.path),
+        detail=detail,
     )
     return f
 
@@ -1157,12 +1334,19 @@ def _screen_ok(fun: Callable, args: tuple, kwargs: dict) -> bool:
     call = flatten_call(fun, args, kwargs)
     labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
     check_args(leaves, labels, "sanitize")
-    return all(isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
-               for x in leaves)
+    return all(
+        isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+        for x in leaves
+    )
 
 
-def sanitize(fun: Callable, *, ignore: Sequence[str] = (), argnums: Sequence[int] | int | None = None,
-             directions: int = 2) -> Callable[..., Report]:
+def sanitize(
+    fun: Callable,
+    *,
+    ignore: Sequence[str] = (),
+    argnums: Sequence[int] | int | None = None,
+    directions: int = 2,
+) -> Callable[..., Report]:
     """Wrap ``fun`` so that calling it returns a :class:`gradsan.Report`: everything
     :func:`gradsan.jax.explain` reports, plus a finding of kind ``"kink"`` for every primal
     evaluation of a non-smooth primitive at its non-smooth point whose operands depend on the
@@ -1183,7 +1367,11 @@ def sanitize(fun: Callable, *, ignore: Sequence[str] = (), argnums: Sequence[int
     G2: when the report has no findings, plain AD returned the true derivative.
     """
     check_callable(fun, "sanitize")
-    nums = (argnums,) if isinstance(argnums, int) else (tuple(argnums) if argnums is not None else None)
+    nums = (
+        (argnums,)
+        if isinstance(argnums, int)
+        else (tuple(argnums) if argnums is not None else None)
+    )
 
     screener = _Screener(fun)
 
@@ -1196,16 +1384,23 @@ def sanitize(fun: Callable, *, ignore: Sequence[str] = (), argnums: Sequence[int
             except Exception:  # anything the screen cannot trace: the full evaluation says why
                 outputs = None
         if outputs is not None and not bad:
-            report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"),
-                            backend="jax")
+            report = Report(
+                outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax"
+            )
             if not kinks:
                 return report
         else:
-            report = diagnose(fun, args, kwargs, who="sanitize",
-                              **({} if outputs is None else {"outputs": outputs}))
+            report = diagnose(
+                fun,
+                args,
+                kwargs,
+                who="sanitize",
+                **({} if outputs is None else {"outputs": outputs}),
+            )
         ign = set(ignore)
-        report.findings = [f for f in report.findings
-                           if f.catalog_id not in ign and f.primitive not in ign]
+        report.findings = [
+            f for f in report.findings if f.catalog_id not in ign and f.primitive not in ign
+        ]
         if kinks == 0:  # the screen counted nothing: no kink walk needed
             return report
         closed, flat_args, ev = scan_kinks(fun, args, kwargs)

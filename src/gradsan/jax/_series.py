@@ -160,8 +160,7 @@ def _dom(k: tuple) -> tuple:
 
 
 class Series:
-    __slots__ = ("terms", "H", "bad", "inf", "_v", "_ez", "_ld", "_c", "_hu", "_vu", "_pz",
-                 "_ma")
+    __slots__ = ("terms", "H", "bad", "inf", "_v", "_ez", "_ld", "_c", "_hu", "_vu", "_pz", "_ma")
 
     def __init__(self, terms: dict, H: np.ndarray, bad: np.ndarray, inf=None):
         self.terms = terms
@@ -220,12 +219,16 @@ class Series:
 
     def is_const(self) -> bool:
         """Exactly constant along the ray (no t dependence, no flags)."""
-        return (all(k == (ZERO, 0) for k in self.terms) and bool(np.all(np.isinf(self.H)))
-                and not np.count_nonzero(self.bad))
+        return (
+            all(k == (ZERO, 0) for k in self.terms)
+            and bool(np.all(np.isinf(self.H)))
+            and not np.count_nonzero(self.bad)
+        )
 
     def __repr__(self) -> str:
-        parts = [f"{_fmt_c(c)}{_mono(e, j)}" for (e, j), c in
-                 ((k, self.terms[k]) for k in self.keys())]
+        parts = [
+            f"{_fmt_c(c)}{_mono(e, j)}" for (e, j), c in ((k, self.terms[k]) for k in self.keys())
+        ]
         return f"Series({' + '.join(parts) or '0'}; H={self.H}, bad={self.bad})"
 
 
@@ -237,8 +240,15 @@ def _fmt_c(c) -> str:
 def _mono(e: Fraction, j: int) -> str:
     s = ""
     if e != 0:
-        s = " t" if e == 1 else f" t^{e}" if e.denominator == 1 else f" t^({e})" \
-            if e.denominator <= 1000 else f" t^{float(e):.10g}"
+        s = (
+            " t"
+            if e == 1
+            else f" t^{e}"
+            if e.denominator == 1
+            else f" t^({e})"
+            if e.denominator <= 1000
+            else f" t^{float(e):.10g}"
+        )
     if j:
         s += " log t" if j == 1 else f" (log t)^{j}"
     return s
@@ -437,8 +447,11 @@ def inf_parts(s: Series, shape=None):
     if shape is not None:
         c = np.broadcast_to(c, shape)
     a = np.abs(c)
-    return (c != 0) & (c != NAN), np.where((a == SOFT) | (a == HARD), np.sign(c), 0), \
-        (a == HARD) | (c == ANYHARD)
+    return (
+        (c != 0) & (c != NAN),
+        np.where((a == SOFT) | (a == HARD), np.sign(c), 0),
+        (a == HARD) | (c == ANYHARD),
+    )
 
 
 def nan_mask(s: Series) -> np.ndarray:
@@ -457,8 +470,9 @@ def periodic_at_inf(out: Series, a: Series) -> Series:
 def inf_make(isinf, sgn, hard) -> np.ndarray:
     """The ``inf`` codes of :func:`inf_parts`' triple."""
     known = np.where(hard, HARD, SOFT) * np.sign(sgn)
-    return np.where(isinf, np.where(sgn != 0, known, np.where(hard, ANYHARD, ANYSOFT)),
-                    0).astype(np.int8)
+    return np.where(isinf, np.where(sgn != 0, known, np.where(hard, ANYHARD, ANYSOFT)), 0).astype(
+        np.int8
+    )
 
 
 def inf_sign(s: Series) -> np.ndarray:
@@ -477,8 +491,12 @@ def with_inf(s: Series, code) -> Series:
         c = np.where(m, 0.0, c)
         if np.count_nonzero(c):
             terms[k] = c
-    return Series(terms, np.where(m, np.inf, s.H), np.where(m, POISON, s.bad).astype(np.int8),
-                  np.where(m, code, inf_code(s)).astype(np.int8))
+    return Series(
+        terms,
+        np.where(m, np.inf, s.H),
+        np.where(m, POISON, s.bad).astype(np.int8),
+        np.where(m, code, inf_code(s)).astype(np.int8),
+    )
 
 
 def set_exact(s: Series, mask, values) -> Series:
@@ -520,8 +538,10 @@ def far_sign(s: Series):
     E, J, C = lead(s)
     sg = np.sign(C) * np.where(J % 2 == 1, -1.0, 1.0)
     ok = s.bad == OK
-    return (np.where(ok & (E <= EPS), sg, 0.0).astype(np.int8),
-            np.where(ok & (E < np.inf), sg, 0.0).astype(np.int8))
+    return (
+        np.where(ok & (E <= EPS), sg, 0.0).astype(np.int8),
+        np.where(ok & (E < np.inf), sg, 0.0).astype(np.int8),
+    )
 
 
 # -- arithmetic -------------------------------------------------------------------------------
@@ -604,11 +624,17 @@ def _add_inf(a: Series, b: Series, minus: bool, shape) -> np.ndarray:
     both = ia & ib & (sa == sb) & (sa != 0)
     only_a = ia & ~ib & ((ha & fin_b) | (~ha & bnd_b))
     only_b = ib & ~ia & ((hb & fin_a) | (~hb & bnd_a))
-    code = inf_make(both | only_a | only_b, np.where(only_b, sb, sa),
-                    np.where(both, ha | hb, np.where(only_b, hb, ha)))
+    code = inf_make(
+        both | only_a | only_b,
+        np.where(only_b, sb, sa),
+        np.where(both, ha | hb, np.where(only_b, hb, ha)),
+    )
     # NaN for every t: a NaN operand, or +inf + -inf of two hard infinities
-    nan = np.broadcast_to(nan_mask(a), shape) | np.broadcast_to(nan_mask(b), shape) | (
-        ha & hb & ia & ib & (sa * sb < 0))
+    nan = (
+        np.broadcast_to(nan_mask(a), shape)
+        | np.broadcast_to(nan_mask(b), shape)
+        | (ha & hb & ia & ib & (sa * sb < 0))
+    )
     return np.where(nan, NAN, code).astype(np.int8)
 
 
@@ -617,8 +643,9 @@ def sub(a: Series, b: Series) -> Series:
 
 
 def neg(a: Series) -> Series:
-    return Series({k: -c for k, c in a.terms.items()}, a.H, a.bad,
-                  None if a.inf is None else _neg_code(a.inf))
+    return Series(
+        {k: -c for k, c in a.terms.items()}, a.H, a.bad, None if a.inf is None else _neg_code(a.inf)
+    )
 
 
 def add_const(a: Series, c) -> Series:
@@ -721,8 +748,7 @@ def _mul_inf(a: Series, b: Series, shape) -> np.ndarray:
     only_a = ia & ~ib & ((ha & (nz_b != 0)) | (~ha & (far_b != 0)))
     only_b = ib & ~ia & ((hb & (nz_a != 0)) | (~hb & (far_a != 0)))
     sgn = np.where(both, sa * sb, np.where(only_a, sa * nz_b, sb * nz_a))
-    code = inf_make(both | only_a | only_b, sgn,
-                    np.where(both, ha | hb, np.where(only_a, ha, hb)))
+    code = inf_make(both | only_a | only_b, sgn, np.where(both, ha | hb, np.where(only_a, ha, hb)))
     nan = np.broadcast_to(nan_mask(a), shape) | np.broadcast_to(nan_mask(b), shape)
     return np.where(nan, NAN, code).astype(np.int8)
 
@@ -837,20 +863,31 @@ def compose(delta: Series, coeffs: Callable[[int], list]) -> Series:
 def _compose1(delta: Series, coeffs: Callable[[int], list]) -> Series | None:
     """`compose` where it stops at the linear term (N = 1) and delta has no flags and no t^0
     term: c0 + c1 delta has no cancellation, so it is built directly; None otherwise."""
-    if not delta.terms or delta.inf is not None or np.count_nonzero(delta.bad) or \
-            any(float(e) <= 0 for e, _j in delta.terms):
+    if (
+        not delta.terms
+        or delta.inf is not None
+        or np.count_nonzero(delta.bad)
+        or any(float(e) <= 0 for e, _j in delta.terms)
+    ):
         return None
     d = veff(delta)
     dmin = float(np.minimum.reduce(d, axis=None)) if d.size else np.inf
-    if not dmin > EPS or not np.isfinite(dmin) or \
-            min(NMAX, int(math.floor((cap() - EPS) / dmin))) != 1:
+    if (
+        not dmin > EPS
+        or not np.isfinite(dmin)
+        or min(NMAX, int(math.floor((cap() - EPS) / dmin))) != 1
+    ):
         return None
     c0, c1 = (np.asarray(c, np.float64) for c in coeffs(1))
     terms = {k: c1 * c for k, c in delta.terms.items()}
     terms[(ZERO, 0)] = c0
     H = delta.H if np.count_nonzero(c1) == c1.size else np.where(c1 != 0, delta.H, np.inf)
-    return mk(terms, np.minimum(H, 2 * d), np.int8(OK),
-              np.broadcast_shapes(np.shape(c0), np.shape(c1), delta.shape))
+    return mk(
+        terms,
+        np.minimum(H, 2 * d),
+        np.int8(OK),
+        np.broadcast_shapes(np.shape(c0), np.shape(c1), delta.shape),
+    )
 
 
 def analytic(a: Series, taylor: Callable[[np.ndarray, int], list]) -> Series:
@@ -962,7 +999,7 @@ def taylor_expm1(a0, n):
 # in exp(exp(x))) is above about 1e-8 in sin(a0), cos(a0), tan(a0): their coefficients (and any
 # sign decided from them) are not trusted, and the elements are left undecided (NaN
 # coefficients, see `analytic`).
-PERIODIC_MAX = 2.0 ** 24
+PERIODIC_MAX = 2.0**24
 
 
 def _periodic_arg(a0):
@@ -1048,7 +1085,7 @@ def taylor_erf(a0, n):
 
 def taylor_log1p(a0, n):
     u = 1.0 / (1.0 + a0)
-    return [np.log1p(a0)] + [(-1.0) ** (k + 1) / k * u ** k for k in range(1, n + 1)]
+    return [np.log1p(a0)] + [(-1.0) ** (k + 1) / k * u**k for k in range(1, n + 1)]
 
 
 def taylor_log1_plus(a0, n):
@@ -1212,8 +1249,11 @@ def log(b: Series) -> Series:
             g = compose(r, lambda N: taylor_log1_plus(np.zeros(b.shape), N))
         g = add(g, Series.exact(np.where(m, np.log(np.where(m, C, 1.0)), 0.0)))
         if e != 0:
-            lt = Series({(ZERO, 1): np.where(m, float(e), 0.0)}, np.full(b.shape, np.inf),
-                        np.zeros(b.shape, np.int8))
+            lt = Series(
+                {(ZERO, 1): np.where(m, float(e), 0.0)},
+                np.full(b.shape, np.inf),
+                np.zeros(b.shape, np.int8),
+            )
             g = add(g, mk(lt.terms, lt.H, lt.bad))
         out = add(out, restrict(g, m))
     out = mk(out.terms, out.H, np.maximum(out.bad, b.bad), b.shape)
@@ -1232,8 +1272,9 @@ def exp(a: Series) -> Series:
     undec = np.zeros(a.shape, bool)
     pos_pole = np.zeros(a.shape, bool)
     if np.count_nonzero(pole):
-        pa = Series({k: c for k, c in a.terms.items() if k[0] < 0 or (k[0] == 0 and k[1] >= 2)},
-                    a.H, a.bad)
+        pa = Series(
+            {k: c for k, c in a.terms.items() if k[0] < 0 or (k[0] == 0 and k[1] >= 2)}, a.H, a.bad
+        )
         sg, und = sign_of(pa)
         neg_pole = pole & (sg < 0) & ~und
         pos_pole = pole & (sg > 0) & ~und  # exp(+pole) tends to +inf
@@ -1260,8 +1301,9 @@ def exp(a: Series) -> Series:
     out = flag(out, undec, UNDEC)
     if a.inf is not None:  # exp(+inf) = +inf
         ia, sg_, hard = inf_parts(a)
-        out = with_inf(out, np.where(ia & (sg_ > 0) & (out.bad == POISON),
-                                     np.where(hard, HARD, SOFT), 0))
+        out = with_inf(
+            out, np.where(ia & (sg_ > 0) & (out.bad == POISON), np.where(hard, HARD, SOFT), 0)
+        )
     out = with_inf(out, np.where(pos_pole & (out.bad == OK), SOFT, 0))
     if a.inf is not None:  # exp(-inf) = 0
         m, _ = hard_limits(a, 0.0, 0.0)
@@ -1276,8 +1318,9 @@ def _limit_pm1(a: Series, lo: float, hi: float) -> Series | None:
     pole = _pole_mask(a)
     if not np.count_nonzero(pole):
         return None
-    pa = Series({k: c for k, c in a.terms.items() if k[0] < 0 or (k[0] == 0 and k[1] > 0)},
-                a.H, a.bad)
+    pa = Series(
+        {k: c for k, c in a.terms.items() if k[0] < 0 or (k[0] == 0 and k[1] > 0)}, a.H, a.bad
+    )
     sg, und = sign_of(pa)
     vals = np.where(sg > 0, hi, lo)
     s = Series.exact(np.where(pole, vals, 0.0))
@@ -1296,8 +1339,9 @@ def _log_pole_mask(a: Series) -> np.ndarray:
     return lp & ~other
 
 
-def saturating(a: Series, taylor, lo: float, hi: float,
-               via_exp: Callable[[Series], Series] | None = None) -> Series:
+def saturating(
+    a: Series, taylor, lo: float, hi: float, via_exp: Callable[[Series], Series] | None = None
+) -> Series:
     """A function saturating at lo and hi (tanh, logistic, erf): at a pole, the limit beyond all
     orders, except where the pole is c log t and ``via_exp`` (the function written with exp) is
     given: exp(c log t) = t^c is algebraic, not beyond all orders (logistic(log t) = t / (1 + t))."""
@@ -1377,8 +1421,11 @@ def atan2_at_inf(y: Series, x: Series):
     m_x = hx & fy & ((sx > 0) | (~und & (sg != 0)))
     m_y = hy & fx
     m_xy = hx & hy
-    vals = np.where(m_xy, sy * np.where(sx > 0, np.pi / 4, 3 * np.pi / 4),
-                    np.where(m_y, sy * np.pi / 2, np.where(sx > 0, 0.0, sg * np.pi)))
+    vals = np.where(
+        m_xy,
+        sy * np.where(sx > 0, np.pi / 4, 3 * np.pi / 4),
+        np.where(m_y, sy * np.pi / 2, np.where(sx > 0, 0.0, sg * np.pi)),
+    )
     return m_x | m_y | m_xy, vals
 
 
@@ -1386,12 +1433,21 @@ def bcast(s: Series, shape) -> Series:
     if s.shape == tuple(shape):
         return s
     terms = {k: np.broadcast_to(c, shape) for k, c in s.terms.items()}
-    return Series(terms, np.broadcast_to(s.H, shape), np.broadcast_to(s.bad, shape),
-                  None if s.inf is None else np.broadcast_to(s.inf, shape))
+    return Series(
+        terms,
+        np.broadcast_to(s.H, shape),
+        np.broadcast_to(s.bad, shape),
+        None if s.inf is None else np.broadcast_to(s.inf, shape),
+    )
 
 
-def apply_linear(s: Series, f: Callable, fH: Callable | None = None,
-                 fbad: Callable | None = None, finf: Callable | None = None) -> Series:
+def apply_linear(
+    s: Series,
+    f: Callable,
+    fH: Callable | None = None,
+    fbad: Callable | None = None,
+    finf: Callable | None = None,
+) -> Series:
     """A linear structural map applied termwise; fH/fbad map the horizon (min-like) and flags;
     ``finf`` (a pure rearrangement: reshape, broadcast, slice) carries signed infinities."""
     fH = fH or f
@@ -1409,8 +1465,9 @@ def stack(ss: list, axis: int = 0) -> Series:
     keys = set()
     for s in ss:
         keys |= set(s.terms)
-    terms = {k: np.stack([np.broadcast_to(s.terms.get(k, 0.0), s.shape) for s in ss], axis)
-             for k in keys}
+    terms = {
+        k: np.stack([np.broadcast_to(s.terms.get(k, 0.0), s.shape) for s in ss], axis) for k in keys
+    }
     H = np.stack([s.H for s in ss], axis)
     bad = np.stack([s.bad for s in ss], axis)
     out = mk(terms, H, bad, H.shape)

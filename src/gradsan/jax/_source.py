@@ -58,6 +58,8 @@ _PLUMBING = (
     f"jax{_SEP}_src{_SEP}tree_util.py",
     f"jax{_SEP}_src{_SEP}shard_map.py",
 )
+
+
 def _package_dirs(*names: str) -> tuple[str, ...]:
     import importlib.util
 
@@ -175,9 +177,18 @@ def exclude_gradsan() -> None:
 
 
 _OP_TEXT = {
-    "div": ("/",), "log": ("log",), "sqrt": ("sqrt",), "rsqrt": ("rsqrt",), "pow": ("**", "pow"),
-    "integer_pow": ("**",), "mul": ("*",), "exp": ("exp",), "atan2": ("arctan2", "atan2"),
-    "acos": ("arccos", "acos"), "asin": ("arcsin", "asin"), "log1p": ("log1p",),
+    "div": ("/",),
+    "log": ("log",),
+    "sqrt": ("sqrt",),
+    "rsqrt": ("rsqrt",),
+    "pow": ("**", "pow"),
+    "integer_pow": ("**",),
+    "mul": ("*",),
+    "exp": ("exp",),
+    "atan2": ("arctan2", "atan2"),
+    "acos": ("arccos", "acos"),
+    "asin": ("arcsin", "asin"),
+    "log1p": ("log1p",),
 }
 
 
@@ -194,12 +205,18 @@ def custom_vjp_rule_frame(call_site: Frame, prim: str) -> Frame | None:
 
     if call_site.column is None or call_site.end_column is None:
         return None
-    text = call_site.code[call_site.column:call_site.end_column]
+    text = call_site.code[call_site.column : call_site.end_column]
     m = re.match(r"\s*([A-Za-z_][\w.]*)\s*\(", text)
     if not m:
         return None
-    module = next((mod for mod in list(sys.modules.values())
-                   if getattr(mod, "__file__", None) == call_site.file), None)
+    module = next(
+        (
+            mod
+            for mod in list(sys.modules.values())
+            if getattr(mod, "__file__", None) == call_site.file
+        ),
+        None,
+    )
     obj: object = module
     for part in m.group(1).split("."):
         obj = getattr(obj, part, None)

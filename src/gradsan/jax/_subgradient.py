@@ -38,9 +38,23 @@ from ._sanitize import (
     scan_kinks,
 )
 
-CONTINUOUS = {"abs", "relu", "max", "min", "clamp", "reduce_max", "reduce_min", "argmax",
-              "argmin", "sort", "top_k", "cummax", "cummin", "reduce_window_max",
-              "reduce_window_min"}
+CONTINUOUS = {
+    "abs",
+    "relu",
+    "max",
+    "min",
+    "clamp",
+    "reduce_max",
+    "reduce_min",
+    "argmax",
+    "argmin",
+    "sort",
+    "top_k",
+    "cummax",
+    "cummin",
+    "reduce_window_max",
+    "reduce_window_min",
+}
 JUMP_OPS = {"sign", "floor", "ceil", "round", "trunc"}
 
 
@@ -137,7 +151,7 @@ def _lock(k: Kink, tans: list[np.ndarray]):
         score = np.where(tied, -tm if use_min else tm, -np.inf)
         idx = np.argmax(score, axis=-1)
         best = np.take_along_axis(score, idx[..., None], -1)
-        unb = (np.sum(tied & (score == best), -1) > 1)
+        unb = np.sum(tied & (score == best), -1) > 1
 
         def fn(invals):
             if op in ("argmax", "argmin"):
@@ -223,8 +237,9 @@ def _lock(k: Kink, tans: list[np.ndarray]):
         eqm = np.asarray(k.mask, bool)
         d = np.broadcast_to(tl - tr, eqm.shape)
         name = eqn.primitive.name
-        decided = {"gt": d > 0, "ge": d > 0, "lt": d < 0, "le": d < 0, "eq": d == 0,
-                   "ne": d != 0}[name]
+        decided = {"gt": d > 0, "ge": d > 0, "lt": d < 0, "le": d < 0, "eq": d == 0, "ne": d != 0}[
+            name
+        ]
         unb = eqm & (d == 0)
         change = eqm & ~unb
 
@@ -283,32 +298,49 @@ def _finding(k: Kink, unb: np.ndarray | None, locked: bool, v_note: str) -> Find
             kind = "unresolved"
             detail["note"] = "atan2 is discontinuous at the origin: no limit gradient exists"
         else:
-            detail["note"] = ("the eigenvalue gradient is a Clarke subgradient, not necessarily "
-                              "the limit along the direction")
+            detail["note"] = (
+                "the eigenvalue gradient is a Clarke subgradient, not necessarily "
+                "the limit along the direction"
+            )
     elif n_unb:
         detail["unbroken"] = n_unb
         if k.op in CONTINUOUS:
-            detail["branch"] = ("first-order tie: the tied candidates have equal tangents, so "
-                                "every piece gives the same gradient here")
+            detail["branch"] = (
+                "first-order tie: the tied candidates have equal tangents, so "
+                "every piece gives the same gradient here"
+            )
         else:
             kind = "unresolved"
-            detail["branch"] = ("first-order information cannot tell which side of the "
-                                "boundary is active: the gradient keeps JAX's convention there "
-                                "and may not be a limit gradient")
+            detail["branch"] = (
+                "first-order information cannot tell which side of the "
+                "boundary is active: the gradient keeps JAX's convention there "
+                "and may not be a limit gradient"
+            )
     else:
         detail["branch"] = f"the piece active along {v_note}"
     fr = k.frame
     return catalog_finding(
-        backend="jax", entry_id=k.entry_id, kind=kind, phase="gradient",
-        primitive=k.prim if k.op != "where" else "select_n", where=fr, result="finite",
-        backend_op=k.eqn.primitive.name, got=k.got, count=int(np.sum(k.mask)),
-        size=int(np.size(k.mask)), index=k.index, library=k.scope.library,
-        context=k.scope.context, detail=detail,
+        backend="jax",
+        entry_id=k.entry_id,
+        kind=kind,
+        phase="gradient",
+        primitive=k.prim if k.op != "where" else "select_n",
+        where=fr,
+        result="finite",
+        backend_op=k.eqn.primitive.name,
+        got=k.got,
+        count=int(np.sum(k.mask)),
+        size=int(np.size(k.mask)),
+        index=k.index,
+        library=k.scope.library,
+        context=k.scope.context,
+        detail=detail,
     )
 
 
-def subgradient(fun: Callable, *, key: Any = None, argnums: int | Sequence[int] = 0
-                ) -> Callable[..., tuple[Any, Report]]:
+def subgradient(
+    fun: Callable, *, key: Any = None, argnums: int | Sequence[int] = 0
+) -> Callable[..., tuple[Any, Report]]:
     """Branch-locked gradient of a scalar function: ``subgradient(f)(*args) -> (g, report)``.
 
     ``g`` has the structure of ``args[argnums]`` (a tuple of them when ``argnums`` is a
@@ -342,8 +374,11 @@ def subgradient(fun: Callable, *, key: Any = None, argnums: int | Sequence[int] 
             rk, sub = jax.random.split(rk)
             a = flat_args[i]
             v[i] = jax.random.normal(sub, np.shape(a), jnp.float32).astype(jnp.result_type(a))
-        lockable = [k for k in ev.kinks if k.op not in ("where",)
-                    and k.eqn.primitive.name not in ("pjit", "jit")]
+        lockable = [
+            k
+            for k in ev.kinks
+            if k.op not in ("where",) and k.eqn.primitive.name not in ("pjit", "jit")
+        ]
         lockable += ev.cmp_kinks
         want = {k.key for k in lockable}
         tans = read_tangents(closed, flat_args, want, [v])[0] if want else {}
@@ -367,9 +402,11 @@ def subgradient(fun: Callable, *, key: Any = None, argnums: int | Sequence[int] 
             lev = KinkEval("lock", decisions=decisions, locked_calls=ev.calls_with_kinks)
             outs, _ = lev.run_closed(closed, full, [False] * len(full))
             if len(outs) != 1 or np.shape(outs[0]) != ():
-                raise TypeError("gradsan.jax.subgradient needs a function with one scalar "
-                                f"output; got {len(outs)} outputs of shapes "
-                                f"{[np.shape(o) for o in outs]}")
+                raise TypeError(
+                    "gradsan.jax.subgradient needs a function with one scalar "
+                    f"output; got {len(outs)} outputs of shapes "
+                    f"{[np.shape(o) for o in outs]}"
+                )
             return outs[0]
 
         grads = jax.grad(f_locked, argnums=tuple(range(len(diff))))(*[flat_args[i] for i in diff])
@@ -395,8 +432,11 @@ def subgradient(fun: Callable, *, key: Any = None, argnums: int | Sequence[int] 
             locked = k.key in decisions or k.op == "where" and k.key in decisions
             unb = unbroken.get(k.key)
             if k.eqn.primitive.name in ("pjit", "jit"):  # a library call: its pieces are locked
-                inner = [unbroken[c.key] for c in lockable
-                         if c.key[:len(k.key)] == k.key and c.key in unbroken]
+                inner = [
+                    unbroken[c.key]
+                    for c in lockable
+                    if c.key[: len(k.key)] == k.key and c.key in unbroken
+                ]
                 locked = True
                 unb = np.array([int(np.sum(u)) for u in inner]) if inner else None
             report.findings.append(_finding(k, unb, locked, v_note))

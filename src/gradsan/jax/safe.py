@@ -253,7 +253,9 @@ log1p = _unary(
 
 def _sinc_series(x):
     # d/dx sinc(x) = sum_{k>=1} (-1)^k pi^(2k) 2k x^(2k-1) / (2k+1)!, accurate for |x| <= 0.5.
-    coefs = [(-1) ** k * math.pi ** (2 * k) * 2 * k / math.factorial(2 * k + 1) for k in range(1, 13)]
+    coefs = [
+        (-1) ** k * math.pi ** (2 * k) * 2 * k / math.factorial(2 * k + 1) for k in range(1, 13)
+    ]
     x2 = x * x
     acc = jnp.zeros_like(x) + coefs[-1]
     for c in reversed(coefs[:-1]):
@@ -991,9 +993,7 @@ def layer_norm(
     return y
 
 
-def cosine_similarity(
-    x1: ArrayLike, x2: ArrayLike, axis: int = -1, eps: float = 1e-8
-) -> jax.Array:
+def cosine_similarity(x1: ArrayLike, x2: ArrayLike, axis: int = -1, eps: float = 1e-8) -> jax.Array:
     """``sum(x1 * x2) / (max(|x1|, eps) * max(|x2|, eps))`` along ``axis`` (PyTorch's formula).
 
     The value is that expression with ``jnp.linalg.norm``, bit for bit. ``eps`` clamps each

@@ -319,8 +319,14 @@ def build_report(
         g = groups[k]
         report.findings.append(
             finding_for(
-                g["root"], g["poison"], g["consumer"], g["phase"], g["outputs"], g["result"],
-                namer, paths,
+                g["root"],
+                g["poison"],
+                g["consumer"],
+                g["phase"],
+                g["outputs"],
+                g["result"],
+                namer,
+                paths,
             )
         )
     if unexplained:
@@ -401,7 +407,10 @@ class _Session:
 
     def finish(self, tracer: Tracer) -> None:
         build_report(
-            tracer, self.report, modules=self.modules, namer=self.namer,
+            tracer,
+            self.report,
+            modules=self.modules,
+            namer=self.namer,
             extra_leaves=self.extra_leaves,
         )
 
@@ -425,7 +434,9 @@ def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -
     ok = False
     try:
         out = fn(*args, **kwargs)
-        loss = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
+        loss = (
+            out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
+        )
         if isinstance(loss, torch.Tensor):
             if tracer.backward_calls == 0 and loss.requires_grad and loss.grad_fn is not None:
                 if loss.numel() != 1:

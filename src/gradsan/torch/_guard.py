@@ -146,8 +146,15 @@ class _StepCheck:
 def _failure_report(function: str, hits: list, notes: list[str]) -> Report:
     report = Report(backend=BACKEND, function=function)
     report.findings.append(
-        Finding(kind="nonfinite", catalog_id=None, phase="gradient", primitive="?", where=None,
-                result="nan", outputs=hits)
+        Finding(
+            kind="nonfinite",
+            catalog_id=None,
+            phase="gradient",
+            primitive="?",
+            where=None,
+            result="nan",
+            outputs=hits,
+        )
     )
     report.notes.extend(notes)
     return report
@@ -269,11 +276,21 @@ class guard:
         report.outputs = out
         if report.ok:
             namer = session.namer
-            hits = [output_hit(namer.name(p), p.grad) for p in watched
-                    if p.grad is not None and not all_finite(p.grad)]
+            hits = [
+                output_hit(namer.name(p), p.grad)
+                for p in watched
+                if p.grad is not None and not all_finite(p.grad)
+            ]
             report.findings.append(
-                Finding(kind="nonfinite", catalog_id=None, phase="gradient", primitive="?",
-                        where=None, result="nan", outputs=hits)
+                Finding(
+                    kind="nonfinite",
+                    catalog_id=None,
+                    phase="gradient",
+                    primitive="?",
+                    where=None,
+                    result="nan",
+                    outputs=hits,
+                )
             )
             report.notes.append(
                 "the eager replay of the step did not reproduce the non-finite value "
@@ -300,14 +317,19 @@ class guard:
             return False
         namer = Namer()
         namer.add_modules(self.modules)
-        hits = [output_hit(namer.name(p), p.grad) for p in watched
-                if p.grad is not None and not all_finite(p.grad)]
+        hits = [
+            output_hit(namer.name(p), p.grad)
+            for p in watched
+            if p.grad is not None and not all_finite(p.grad)
+        ]
         report = _failure_report(
             "the with-block",
             hits,
-            ["a with-block cannot be replayed: wrap the step in a function, "
-             "gradsan.torch.guard(step)(*args), or run it under gradsan.torch.explain() "
-             "to find where the NaN/Inf was born"],
+            [
+                "a with-block cannot be replayed: wrap the step in a function, "
+                "gradsan.torch.guard(step)(*args), or run it under gradsan.torch.explain() "
+                "to find where the NaN/Inf was born"
+            ],
         )
         raise NonFiniteError(report) from None
 

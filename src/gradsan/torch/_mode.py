@@ -126,8 +126,24 @@ def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in nz[0]) if len(nz) else ()
 
 
-_PRODUCTS = {"mul", "mm", "bmm", "addmm", "mv", "matmul", "dot", "baddbmm", "addcmul", "einsum",
-             "linear", "addmv", "_foreach_mul", "prod", "conv", "convolution"}
+_PRODUCTS = {
+    "mul",
+    "mm",
+    "bmm",
+    "addmm",
+    "mv",
+    "matmul",
+    "dot",
+    "baddbmm",
+    "addcmul",
+    "einsum",
+    "linear",
+    "addmv",
+    "_foreach_mul",
+    "prod",
+    "conv",
+    "convolution",
+}
 _SUMS = {"add", "sub", "sum", "rsub", "cumsum", "mean", "addcdiv", "lerp"}
 
 
@@ -291,8 +307,13 @@ class Tracer:
         ev = Event("forward", name, tag, None, t, inputs, nan=nan)
         if not nan_in:
             ev.nan_new = nan
-        if not inputs and not nan and any(
-                isinstance(v, float) and math.isinf(v) for v in list(args) + list(kwargs.values())):
+        if (
+            not inputs
+            and not nan
+            and any(
+                isinstance(v, float) and math.isinf(v) for v in list(args) + list(kwargs.values())
+            )
+        ):
             ev.intentional = True
         self.fwd[key(t)] = ev
 
@@ -519,11 +540,40 @@ def _qualname(func: Any, name: str) -> str:
     return f"{mod}.{qual}" if mod else qual
 
 
-_PASS = {"__get__", "__set__", "__repr__", "__format__", "__str__", "size", "dim", "numel",
-         "__len__", "item", "tolist", "__bool__", "__index__", "__int__", "__float__",
-         "data_ptr", "stride", "is_floating_point", "element_size", "__hash__", "register_hook",
-         "requires_grad_", "retain_grad", "storage_offset", "is_contiguous", "numpy", "__iter__",
-         "untyped_storage", "_is_view", "__reduce_ex__", "__deepcopy__", "__setstate__"}
+_PASS = {
+    "__get__",
+    "__set__",
+    "__repr__",
+    "__format__",
+    "__str__",
+    "size",
+    "dim",
+    "numel",
+    "__len__",
+    "item",
+    "tolist",
+    "__bool__",
+    "__index__",
+    "__int__",
+    "__float__",
+    "data_ptr",
+    "stride",
+    "is_floating_point",
+    "element_size",
+    "__hash__",
+    "register_hook",
+    "requires_grad_",
+    "retain_grad",
+    "storage_offset",
+    "is_contiguous",
+    "numpy",
+    "__iter__",
+    "untyped_storage",
+    "_is_view",
+    "__reduce_ex__",
+    "__deepcopy__",
+    "__setstate__",
+}
 _BACKWARD = {"backward", "grad"}
 
 

@@ -235,8 +235,11 @@ class nansafe(explain):
                 count=n,
                 size=hit.mask.size if hit else 0,
                 scope=_scope(tag, paths),
-                detail={"rule": "structural zero: 0 * inf := 0 on a path that contributes "
-                        "exactly 0 near this point", "repaired": n},
+                detail={
+                    "rule": "structural zero: 0 * inf := 0 on a path that contributes "
+                    "exactly 0 near this point",
+                    "repaired": n,
+                },
             )
             f.values = f"{n} element(s) of the gradient set to exactly 0 at {name}"
             self.report.findings.append(f)

@@ -176,12 +176,62 @@ BOOL_COMBINE = {
 # Backward nodes whose input gradient at an element depends only on the output gradient at
 # the same element (up to broadcasting): a structural zero passes through them elementwise.
 ELEMENTWISE_NODES = {
-    "Sqrt", "Rsqrt", "Div", "Mul", "Add", "Sub", "Neg", "Pow", "Log", "Log2", "Log10",
-    "Log1P", "Exp", "Exp2", "Expm1", "Reciprocal", "Where", "Atan2", "Acos", "Asin",
-    "Atan", "Atanh", "Tanh", "Sigmoid", "Sin", "Cos", "Tan", "Abs", "Clamp", "ClampMin",
-    "ClampMax", "Relu", "Square", "Maximum", "Minimum", "Sinh", "Cosh", "Erf", "Erfinv",
-    "Lgamma", "Digamma", "Softplus", "Gelu", "Silu", "Hardtanh", "Threshold", "Clone",
-    "ToCopy", "Sign", "Floor", "Ceil", "Round", "Trunc", "Lerp", "Addcmul", "Addcdiv",
+    "Sqrt",
+    "Rsqrt",
+    "Div",
+    "Mul",
+    "Add",
+    "Sub",
+    "Neg",
+    "Pow",
+    "Log",
+    "Log2",
+    "Log10",
+    "Log1P",
+    "Exp",
+    "Exp2",
+    "Expm1",
+    "Reciprocal",
+    "Where",
+    "Atan2",
+    "Acos",
+    "Asin",
+    "Atan",
+    "Atanh",
+    "Tanh",
+    "Sigmoid",
+    "Sin",
+    "Cos",
+    "Tan",
+    "Abs",
+    "Clamp",
+    "ClampMin",
+    "ClampMax",
+    "Relu",
+    "Square",
+    "Maximum",
+    "Minimum",
+    "Sinh",
+    "Cosh",
+    "Erf",
+    "Erfinv",
+    "Lgamma",
+    "Digamma",
+    "Softplus",
+    "Gelu",
+    "Silu",
+    "Hardtanh",
+    "Threshold",
+    "Clone",
+    "ToCopy",
+    "Sign",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Trunc",
+    "Lerp",
+    "Addcmul",
+    "Addcdiv",
 }
 
 _NODE_RE = re.compile(r"^(?:torch::autograd::)?(\w+?)Backward\d*$")
@@ -309,7 +359,9 @@ def kink_mask(op: str, operands: Sequence[Any], params: dict) -> tuple[np.ndarra
     with np.errstate(all="ignore"):
         if op in ("abs", "relu", "sign"):
             return x == 0, 0
-        if op in ("max", "min") or (op in ("reduce_max", "reduce_min") and params.get("elementwise")):
+        if op in ("max", "min") or (
+            op in ("reduce_max", "reduce_min") and params.get("elementwise")
+        ):
             if len(vals) < 2 or vals[1] is None:
                 return None
             m = np.asarray(vals[0]) == np.asarray(vals[1])

@@ -17,8 +17,9 @@ from ._explain import BACKEND, Namer, _scope, explain
 from ._mode import Tag, Tracer
 
 
-def _kink_finding(tracer: Tracer, tag: Tag, name: str, operands: list, params: dict,
-                  paths: dict[int, str]) -> Finding | None:
+def _kink_finding(
+    tracer: Tracer, tag: Tag, name: str, operands: list, params: dict, paths: dict[int, str]
+) -> Finding | None:
     if not any(isinstance(o, torch.Tensor) and o.requires_grad for o in operands):
         return None
     op = tag.op
@@ -55,7 +56,11 @@ def _kink_finding(tracer: Tracer, tag: Tag, name: str, operands: list, params: d
         if not mask.any():
             return None
         if not got:
-            vals = np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape) if operands[qi] is not None else None
+            vals = (
+                np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape)
+                if operands[qi] is not None
+                else None
+            )
             got = _classify.format_value(vals[mask].flat[0]) if vals is not None else ""
     mask = np.asarray(mask, bool)
     if not mask.any():
@@ -116,8 +121,12 @@ class sanitize(explain):
             f = _kink_finding(tracer, tag, name, list(operands), dict(params), paths)
             if f is None:
                 continue
-            k = (f.catalog_id, f.where.file if f.where else None, f.where.line if f.where else None,
-                 f.where.column if f.where else None)
+            k = (
+                f.catalog_id,
+                f.where.file if f.where else None,
+                f.where.line if f.where else None,
+                f.where.column if f.where else None,
+            )
             if k in seen:
                 continue
             seen.add(k)

@@ -114,8 +114,14 @@ def _all_nonzero(t: Tensor) -> bool:
     return t.numel() > 0 and int(torch.count_nonzero(t)) == t.numel()
 
 
-def _unary(value: Callable, coef: Callable, name: str, doc: str, fast: Callable | None = None,
-           fast_value: Callable | None = None) -> Callable:
+def _unary(
+    value: Callable,
+    coef: Callable,
+    name: str,
+    doc: str,
+    fast: Callable | None = None,
+    fast_value: Callable | None = None,
+) -> Callable:
     """An elementwise ``autograd.Function``: ``value(x)``, derivative ``coef(x, y)``.
 
     ``fast(x, y, g)`` computes ``g * coef(x, y)`` with fewer kernels when no singular point is
@@ -272,6 +278,7 @@ log = _unary(
     """,
     _log_fast,
 )
+
 
 def _log1p_coef(x, y):
     ok = x > -1
