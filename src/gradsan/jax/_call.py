@@ -41,9 +41,8 @@ class FlatCall(NamedTuple):
 def flatten_call(
     fun: Callable, args: tuple, kwargs: dict, traced: Callable | None = None
 ) -> FlatCall:
-    info = getattr(fun, "_jit_info", None)
-    s_pos = set(getattr(info, "static_argnums", ()) or ())
-    s_names = set(getattr(info, "static_argnames", ()) or ())
+    static_nums, static_names = _compat.jit_statics(fun)
+    s_pos, s_names = set(static_nums), set(static_names)
     dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
     dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
     flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
@@ -131,13 +130,17 @@ def output_labels(
         starts.append(starts[-1] + len(tree.tree_leaves(a)))
     per_arg = [in_labels[starts[i] : starts[i + 1]] for i in range(len(args))]
 
+    def same(a: Any, b: Any) -> bool:
+        # jaxlib's stubs declare no PyTreeDef.__eq__; it compares structures
+        return bool(tree.tree_structure(a) == tree.tree_structure(b))  # type: ignore[operator]
+
     def grads_of(shape) -> list[tuple[str, str]] | None:
-        if args and tree.tree_structure(shape) == tree.tree_structure(args[0]):
+        if args and same(shape, args[0]):
             return [(lbl, "grad") for lbl in per_arg[0]]
         if (
             isinstance(shape, tuple)
             and 0 < len(shape) <= len(args)
-            and all(tree.tree_structure(s) == tree.tree_structure(a) for s, a in zip(shape, args))
+            and all(same(s, a) for s, a in zip(shape, args))
         ):  # argnums=(0, 1, ...)
             return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
         return None
