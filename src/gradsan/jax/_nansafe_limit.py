@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import _compat
 from ._guard import _flag as _finite_flag
 from ._source import exclude_gradsan
 
@@ -29,10 +30,11 @@ def _is_float_array(x: Any) -> bool:
 
 
 def _plain_grad(fun: Callable, kwargs: dict) -> bool:
-    """Whether ``fun`` is a plain ``jax.grad(loss)`` called without keywords: the only
-    programs the limit engine is asked about."""
-    doc = getattr(fun, "__doc__", None) or ""
-    return doc.startswith("Gradient of") and hasattr(fun, "__wrapped__") and not kwargs
+    """Whether ``fun`` is a plain ``jax.grad(loss)`` (not ``value_and_grad``; jitted or
+    wrapped with ``functools.wraps`` counts) called without keywords: the only programs the
+    limit engine is asked about."""
+    info = _compat.grad_info(fun)
+    return info is not None and info.kind == "grad" and not kwargs
 
 
 def host_limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
