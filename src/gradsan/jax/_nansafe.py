@@ -42,7 +42,7 @@ from .. import _catalog
 from .._errors import UsageError
 from .._report import Frame, Report
 from .._report._build import catalog_finding
-from . import _compat, _nansafe_limit
+from . import _compat, _nansafe_limit, _rules
 from ._call import arg_labels, check_args, check_callable
 from ._compat import bind as _bind
 from ._source import exclude_gradsan, place
@@ -196,26 +196,6 @@ _SCALAR_OK = {
 _BILINEAR = {"dot_general", "conv_general_dilated"}
 _jit_p = _primitives.jit_p
 _remat_p = _primitives.remat_p
-# forward primitive -> the catalog entry for the singular point a 0 * inf comes from
-_ENTRY = {
-    "sqrt": "sqrt-at-zero",
-    "rsqrt": "rsqrt-at-zero",
-    "cbrt": "cbrt-at-zero",
-    "pow": "pow-fractional-at-zero",
-    "integer_pow": "integer-pow-negative-at-zero",
-    "div": "div-by-zero",
-    "log": "log-at-zero",
-    "log1p": "log1p-at-minus-one",
-    "acos": "acos-at-one",
-    "asin": "asin-at-one",
-    "atanh": "atanh-at-one",
-    "acosh": "acosh-at-one",
-    "tan": "tan-at-pole",
-    "atan2": "atan2-at-origin",
-    "lgamma": "lgamma-at-pole",
-    "digamma": "digamma-at-pole",
-    "erf_inv": "erf-inv-at-one",
-}
 
 
 # -- masks: static False / True, a boolean array, or a lazily computed one -----------------------
@@ -428,7 +408,6 @@ class _Emitter(Restaging):
         super().__init__()
         self.mode = mode
         self.report = report
-        self.acc: dict = {}
         self.sites: dict[tuple, _Site] = {}
         self.key_prims: dict[Any, str] = {}  # source position -> first singular forward op
         self._jits: dict = {}
@@ -928,7 +907,7 @@ class _Emitter(Restaging):
         return rep
 
     def _finding(self, site: _Site, n: int, margins: dict):
-        entry = _ENTRY.get(site.primitive)
+        entry = _rules.NANSAFE_ENTRY.get(site.primitive)
         if site.library is not None:
             lib_entry = _catalog.for_library(site.library)
             if lib_entry is not None:
