@@ -13,12 +13,18 @@ import numpy as np
 
 from .. import _catalog
 from .._catalog._classify import classify, format_value
-from .._errors import UsageError
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import catalog_finding
 from . import _compat, _rules
 from . import _numpy_impl as _numpy
-from ._call import arg_labels, check_args, check_callable, flatten_call, output_labels
+from ._call import (
+    arg_labels,
+    check_args,
+    check_callable,
+    flatten_call,
+    output_labels,
+    trace_call,
+)
 from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
 from .interpreter import UNROLL, Interpreter, Scope, to_numpy
 
@@ -634,24 +640,11 @@ def diagnose(
     check_args(leaves, labels, who)
     flat_args = call.flat
 
-    try:
-        closed, out_shape = jax.make_jaxpr(call.fun, return_shape=True)(*flat_args)
-    except TypeError as e:
-        msg = str(e)
-        if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
-                "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
-            ) from e
-        if "scalar-output" in msg:
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Reduce the loss to a scalar first "
-                "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
-            ) from e
-        raise
+    traced = trace_call(call, who)
     interp = Provenance()
-    outs, out_srcs = interp.explain_closed(closed, flat_args, labels)
-    out_labels = output_labels(fun, out_shape, args, labels)
+    outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
+    every_label = output_labels(fun, traced.out_shape, args, labels)
+    out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
