@@ -25,6 +25,7 @@ __all__ = [
     "bind",
     "call_body",
     "closed",
+    "collective_primitive",
     "grad_info",
     "is_backward",
     "is_jitted",
@@ -42,6 +43,15 @@ try:
     from jax._src.shard_map import shard_map_p  # private: the primitive is not exported
 except ImportError:  # pragma: no cover - another JAX layout
     shard_map_p = None
+
+
+def collective_primitive(name: str) -> Any:
+    """The Primitive of a collective (``psum``, ``all_gather``, ``pvary`` ...), or None."""
+    from jax._src import core as _core  # private: collectives are not exported
+    from jax._src.lax import parallel as _parallel
+
+    return getattr(_parallel, f"{name}_p", None) or getattr(_core, f"{name}_p", None)
+
 
 # Higher-order primitives whose body runs per device (per-block shapes, named axes): they are
 # never entered as a plain call. Their own rules (if any) live with each transformation.
