@@ -27,7 +27,7 @@ from ._call import (
 )
 from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
 from .interpreter import UNROLL, Interpreter, Scope, to_numpy
-from .interpreter._devices import enter_shard_map
+from .interpreter._devices import enter_shard_map, holder
 
 exclude_gradsan()
 
@@ -165,11 +165,13 @@ class Provenance(Interpreter):
         self.hits_by_key: dict[tuple, list[Node]] = {}
         # group key -> seq of its first equation: the primal op comes before its derivative's
         self.group_first: dict[tuple, int] = {}
+        self.arguments: list = []  # the flat arguments (their shardings name devices)
         # per scope: the group key of its last equation, and the run it belongs to (scopes of
         # the devices of a shard_map interleave, so runs are tracked per scope)
         self._last: dict[int, tuple[tuple, int]] = {}
 
     def explain_closed(self, closed: Any, args: list, arg_labels: list[str]) -> tuple[list, list]:
+        self.arguments = list(args)
         top = Scope()
         in_srcs: list[Src | None] = []
         for a, label in zip(args, arg_labels):
@@ -583,6 +585,14 @@ def _origin_finding(
         if g is not None:
             detail["global_index"] = g
             ctx = f"{ctx}, element {list(g)} of the global array"
+    elif fwd is not None and fwd.hit is not None and index:
+        # jit over sharded arguments: the device that holds the element
+        held = holder(interp.arguments, fwd.hit.shape, index)
+        if held is not None:
+            detail["device"], detail["mesh_coordinate"] = held
+            at = ", ".join(f"{k}={v}" for k, v in held[1].items())
+            where_dev = f"held by device {held[0]} ({at})"
+            ctx = f"{ctx}, {where_dev}" if ctx else where_dev
     shown = "nan" if any(h.nan for h in hits) else result
     f = catalog_finding(
         backend="jax",
@@ -674,7 +684,8 @@ def diagnose(
 
     traced = trace_call(call, who)
     interp = Provenance()
-    outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
+    with _compat.mesh_context(flat_args):
+        outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
     every_label = output_labels(fun, traced.out_shape, args, labels)
     out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
     if outputs is None and run_outputs:
