@@ -46,7 +46,7 @@ from .._report._build import catalog_finding
 from ._call import arg_labels, check_args, check_callable
 from ._compat import bind as _bind
 from ._compat import closed as _closed
-from ._guard import _flag as _finite_flag
+from ._flags import finite_flag as _finite_flag
 from ._source import exclude_gradsan, place
 
 exclude_gradsan()
