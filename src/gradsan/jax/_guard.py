@@ -30,6 +30,8 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
     inner = getattr(fun, "__wrapped__", None)
     if info is None or inner is None or getattr(info, "user_specified_in_shardings", False):
         return None
+    if not hasattr(fun, "lower"):  # jax.grad(jax.jit(f)) copies _jit_info and __wrapped__ = f
+        return None
 
     def with_flag(*args: Any, **kwargs: Any):
         out = inner(*args, **kwargs)
