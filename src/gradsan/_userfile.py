@@ -29,7 +29,8 @@ _registered: set[str] = set()
 
 
 def register_user_file(filename: str) -> None:
-    """Count ``filename`` (a file inside gradsan) as the user's code."""
+    """Count ``filename`` (a file inside gradsan) as the user's code; call it before any of the
+    file's code runs (the backends cache their answer per file)."""
     _registered.add(os.path.abspath(filename))
     is_user_file.cache_clear()
 
