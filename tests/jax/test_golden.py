@@ -7,7 +7,7 @@ import pathlib
 import pytest
 
 import gradsan.jax as gsj
-from gradsan import demo_cases
+from gradsan._demo import case as demo_cases
 
 GOLDEN = pathlib.Path(__file__).parent.parent / "golden"
 

@@ -19,7 +19,7 @@ import numpy as np
 from jax import lax
 
 from . import _compat
-from ._guard import _flag as _finite_flag
+from ._flags import finite_flag as _finite_flag
 from ._source import exclude_gradsan
 
 exclude_gradsan()

@@ -31,7 +31,7 @@ from ._call import arg_labels, check_args, check_callable, flatten_call
 from ._compat import bind as _bind
 from ._compat import closed as _closed
 from ._explain import diagnose
-from ._guard import _host_flag
+from ._flags import host_flag as _host_flag
 from ._source import exclude_gradsan, place
 from .interpreter._core import _is_library_body
 from .interpreter._core import library_name as _library_name
