@@ -89,25 +89,26 @@ class Blame(Generic[V, R]):
         g = self.graph
         memo = self.memo
         open_: set[Hashable] = set()
-        stack: list[tuple[V, bool]] = [(start, False)]
+        # (value, its children once expanded: combine them when popped again)
+        stack: list[tuple[V, Sequence[V] | None]] = [(start, None)]
         while stack:
-            v, done = stack.pop()
+            v, expanded = stack.pop()
             k = g.key(v)
             if k in memo:
+                continue
+            if expanded is not None:
+                open_.discard(k)
+                memo[k] = self._combine(v, expanded)
                 continue
             children = g.children(v)
             if not children:
                 memo[k] = self._combine(v, children)
                 continue
-            if not done:
-                if k in open_:
-                    continue
-                open_.add(k)
-                stack.append((v, True))
-                for c in reversed(children):
-                    if g.key(c) not in memo:
-                        stack.append((c, False))
+            if k in open_:
                 continue
-            open_.discard(k)
-            memo[k] = self._combine(v, children)
+            open_.add(k)
+            stack.append((v, children))
+            for c in reversed(children):
+                if g.key(c) not in memo:
+                    stack.append((c, None))
         return list(memo[g.key(start)].values())

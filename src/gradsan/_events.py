@@ -87,6 +87,7 @@ class Origin:
     where: Frame | None
     phase: str  # "value" | "gradient"
     result: str  # what reached the outputs: "nan" | "inf" | "-inf" (jax: a formatted value)
+    produced: str = ""  # what the operation itself produced, when it differs ("inf")
     entry_id: str | None = None
     backend_op: str = ""  # the backend operation that produced it ("aten.div in SqrtBackward0")
     got: str | None = None  # the operand value the entry's predicate saw, formatted

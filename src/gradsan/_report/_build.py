@@ -279,7 +279,7 @@ def _met(ev: Origin, detail: OriginDetails) -> tuple[Frame | None, Frame | None,
     text = form_text(p)
     phase = M.MET_JAX_BACKWARD if p.backward else ""
     met_text = M.MET_JAX.format(text=text, phase=phase, op=p.op) if text else ""
-    detail.met_value = ev.result
+    detail.met_value = ev.produced or ev.result
     zero_from = None
     if p.zero_operand is not None:
         zero_from = p.zero_from
@@ -457,7 +457,10 @@ def repair(ev: Repair) -> Finding:
 def unresolved(ev: Unresolved) -> Finding:
     """The Finding of a value nansafe left non-finite."""
     detail = RepairDetails(
-        rule=M.RULE_NUMERICAL, why_unresolved=M.WHY_UNRESOLVED_JAX, note=M.NOTE_NUMERICAL
+        rule=M.RULE_NUMERICAL,
+        count=ev.count,
+        why_unresolved=M.WHY_UNRESOLVED_JAX,
+        note=M.NOTE_NUMERICAL,
     )
     f = catalog_finding(
         backend=ev.backend,

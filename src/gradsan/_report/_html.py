@@ -100,12 +100,12 @@ def _finding(f: Finding, number: int | None) -> str:
     if f.explanation:
         parts.append(f'<p class="why"><b>Why:</b> {_e(" ".join(f.explanation.split()))}</p>')
     if f.suggestions:
-        items = []
+        fixes = []
         for s in f.suggestions:
             first, *rest = s.splitlines()
             code = f"<pre>{_e(chr(10).join(rest))}</pre>" if rest else ""
-            items.append(f"<li>{_e(first)}{code}</li>")
-        parts.append('<div class="fix"><b>Fix:</b><ol>' + "".join(items) + "</ol></div>")
+            fixes.append(f"<li>{_e(first)}{code}</li>")
+        parts.append('<div class="fix"><b>Fix:</b><ol>' + "".join(fixes) + "</ol></div>")
     if f.catalog_id:
         parts.append(
             f'<div class="notes">Details: <code>gradsan catalog {_e(f.catalog_id)}</code></div>'

@@ -3,6 +3,7 @@ non-finite value was born, in the user's own lines."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -257,6 +258,22 @@ def origin_event(
     )
 
 
+@dataclasses.dataclass(eq=False)
+class _Group:
+    """The outputs one origin reached, in one phase."""
+
+    root: Event | External
+    poison: Event | External | None
+    consumer: Event | None
+    phase: str
+    result: str
+    outputs: list[OutputHit] = dataclasses.field(default_factory=list)
+
+    def add(self, hit: OutputHit) -> None:
+        if all(o.path != hit.path for o in self.outputs):
+            self.outputs.append(hit)
+
+
 def build_report(
     tracer: Tracer,
     report: Report,
@@ -271,7 +288,7 @@ def build_report(
     mods = list(modules) + [(m, n) for m, n in tracer.roots if all(m is not x for x, _ in modules)]
     namer.add_modules(mods)
     paths = namer.module_paths(mods)
-    groups: dict[tuple[int, str], dict[str, Any]] = {}
+    groups: dict[tuple[int, str], _Group] = {}
     order: list[tuple[int, str]] = []
 
     def add(start: Event | External, phase: str, hit: OutputHit, result: str) -> None:
@@ -279,21 +296,11 @@ def build_report(
             k = (_root_key(root), phase)
             g = groups.get(k)
             if g is None:
-                g = groups[k] = {
-                    "root": root,
-                    "poison": poison,
-                    "consumer": consumer,
-                    "outputs": [],
-                    "result": result,
-                    "phase": phase,
-                    "paths": set(),
-                }
+                g = groups[k] = _Group(root, poison, consumer, phase, result)
                 order.append(k)
-            if hit.path not in g["paths"]:
-                g["paths"].add(hit.path)
-                g["outputs"].append(hit)
+            g.add(hit)
             if result == "nan":
-                g["result"] = "nan"
+                g.result = "nan"
 
     # value phase: the loss that backward was called on (or that fn returned)
     value_roots: set[int] = set()
@@ -314,38 +321,36 @@ def build_report(
     for m, _ in mods:
         for p in m.parameters():
             leaves.setdefault(id(p), p)
-    unexplained = []
+    unexplained: list[OutputHit] = []
     for t in leaves.values():
-        g = t.grad
-        if g is None or not g.is_floating_point() or all_finite(g):
+        grad = t.grad
+        if grad is None or not grad.is_floating_point() or all_finite(grad):
             continue
-        start = tracer.producer_of(g)
-        hit = output_hit(namer.name(t), g)
-        if start is None:
+        producer = tracer.producer_of(grad)
+        hit = output_hit(namer.name(t), grad)
+        if producer is None:
             unexplained.append(hit)
             continue
-        for root, _, _ in origins_of(tracer, start):
+        for root, _, _ in origins_of(tracer, producer):
             if _root_key(root) in value_roots:  # the same origin already explains the loss
-                for k in order:
-                    if k == (_root_key(root), "value"):
-                        if hit.path not in groups[k]["paths"]:
-                            groups[k]["paths"].add(hit.path)
-                            groups[k]["outputs"].append(hit)
+                k = (_root_key(root), "value")
+                if k in groups:
+                    groups[k].add(hit)
                 break
         else:
-            add(start, "gradient", hit, _result(g))
+            add(producer, "gradient", hit, _result(grad))
     for k in order:
         g = groups[k]
         ev = origin_event(
-            g["root"],
-            g["poison"],
-            g["consumer"],
-            g["phase"],
-            g["outputs"],
-            g["result"],
+            g.root,
+            g.poison,
+            g.consumer,
+            g.phase,
+            g.outputs,
+            g.result,
             namer,
             paths,
-            unresolved=unresolved and g["phase"] == "gradient",
+            unresolved=unresolved and g.phase == "gradient",
         )
         report.findings.append(build(ev))
     if unexplained:

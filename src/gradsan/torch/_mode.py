@@ -234,7 +234,7 @@ class Tracer:
         for t in outs:
             gf = t.grad_fn
             if gf is not None:
-                md = gf.metadata
+                md: dict = gf.metadata  # type: ignore[assignment]  # a dict; stubs say a method
                 if "gradsan" not in md:
                     if tag is None:
                         tag = self._make_tag(func, name, op, args, kwargs)
@@ -417,23 +417,22 @@ class Tracer:
         idx = _first_index(nan)
         ev.index = idx
         ops = [a for a in args if isinstance(a, torch.Tensor) and is_float(a)]
-        vals = []
+        vals: list[float | None] = []
         for a in ops:
             try:
                 vals.append(torch.broadcast_to(a, ev.out.shape)[idx].item() if idx else a.item())
             except (RuntimeError, ValueError):
                 vals.append(None)
-        import math
-
         zero_i = None
-        if base.startswith("div") and len(vals) >= 2 and None not in vals[:2]:
-            if vals[0] == 0 and vals[1] == 0:
+        num, den = (vals + [None, None])[:2]
+        if base.startswith("div") and num is not None and den is not None:
+            if num == 0 and den == 0:
                 ev.form, zero_i = "0/0", 0
-            elif math.isinf(vals[0]) and math.isinf(vals[1]):
+            elif math.isinf(num) and math.isinf(den):
                 ev.form = "inf/inf"
             else:
                 ev.form = "0*inf"
-                zero_i = 0 if vals[0] == 0 else None
+                zero_i = 0 if num == 0 else None
         elif any(base.startswith(p) for p in _PRODUCTS):
             ev.form = "0*inf"
             for i, v in enumerate(vals):

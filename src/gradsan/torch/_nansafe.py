@@ -124,7 +124,8 @@ class _Repairer:
             n = ready.pop()
             s = sz.get(id(n))
             stem = _rules.node_stem(n.name())
-            edges = n.metadata.get("gradsan_sz", {}) if hasattr(n, "metadata") else {}
+            md: dict = n.metadata if hasattr(n, "metadata") else {}  # type: ignore[assignment]  # a dict; stubs say a method
+            edges = md.get("gradsan_sz", {})
             masks: dict[int, torch.Tensor] = {}
             for k, (c, _) in enumerate(n.next_functions):
                 if c is None:
