@@ -325,3 +325,53 @@ def test_origins_without_a_catalog_entry_are_explained_by_the_builder():
     assert "computed inf + (-inf) = nan from infinite inputs" in f.explanation
     f = _build.build(Origin(**base, because=_build.Because.SHARD_MAP, body_op="log"))
     assert f.primitive == "log" and f.library == "shard_map" and "`log`" in f.explanation
+
+
+# ---- sanitize -----------------------------------------------------------------------------------
+
+
+def test_kink_events_build_sanitizes_findings():
+    """sanitize's kinks, rebuilt from the facts it has at each one (JAX's value at the kink is
+    the backend's fact; the entry's convention and subdifferential are the builder's words)."""
+    import jax.numpy as jnp
+
+    import gradsan.jax as gsj
+    from gradsan._events import Kink
+
+    programs = [
+        (jax.grad(lambda x: jnp.sum(jnp.abs(x))), (jnp.array([1.0, 0.0]),)),
+        (jax.grad(lambda x, y: jnp.maximum(x, y)), (1.0, 1.0)),
+        (jax.grad(lambda x: jnp.floor(x) * x), (2.0,)),
+        (jax.grad(lambda p: jnp.arctan2(p[0], p[1])), (jnp.zeros(2),)),
+        (jax.grad(lambda x: jnp.where(x > 0, x, 2 * x)), (0.0,)),
+    ]
+    seen = set()
+    for fun, args in programs:
+        for want in gsj.sanitize(fun)(*args).findings:
+            if want.kind not in ("kink", "convention"):
+                continue
+            seen.add(want.catalog_id)
+            d = want.detail
+            ev = Kink(
+                backend="jax",
+                entry_id=want.catalog_id,
+                op=d["op"],
+                primitive=want.primitive,
+                where=want.where,
+                backend_op=want.backend_op,
+                got=d.get("got"),
+                count=want.count,
+                size=want.size,
+                index=want.index,
+                library=want.library,
+                context=want.context,
+                scope=want.scope,
+                inadmissible_convention=want.kind == "convention",
+                facts={
+                    k: v
+                    for k, v in d.items()
+                    if k not in ("op", "convention", "subdifferential", "got", "derivative")
+                },
+            )
+            assert _build.build(ev) == want, want.catalog_id
+    assert {"abs-at-zero", "max-tie", "atan2-at-origin", "where-at-boundary"} <= seen
