@@ -284,19 +284,29 @@ class Finding:
     title: str = ""
     explanation: str = ""
     suggestions: list[str] = dataclasses.field(default_factory=list)
-    detail: Details = dataclasses.field(default_factory=Details)
+    # always a Details once built; a plain dict is accepted (and converted) from callers that
+    # still write the former untyped ``detail``
+    detail: Details | dict[str, Any] = dataclasses.field(default_factory=Details)
     got_value: float | None = None  # the operand value behind ``detail["got"]``, as a number
 
     def __post_init__(self) -> None:
         if not isinstance(self.detail, Details) or type(self.detail) is Details:
             self.detail = details_from(self.kind, self.detail)
 
+    @property
+    def details(self) -> Details:
+        """``detail`` with its type: the typed details of this kind of finding."""
+        d = self.detail
+        if not isinstance(d, Details):  # a dict assigned after construction
+            d = self.detail = details_from(self.kind, d)
+        return d
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name == "detail":
-                d["detail"] = v.to_dict()
+                d["detail"] = dict(v)
             elif f.name == "outputs":
                 d["outputs"] = [dataclasses.asdict(o) for o in v]
             elif isinstance(v, Frame):
