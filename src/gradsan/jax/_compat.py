@@ -27,6 +27,8 @@ __all__ = [
     "closed",
     "grad_info",
     "is_backward",
+    "is_jitted",
+    "jit_statics",
     "sub_backward",
 ]
 
@@ -35,6 +37,7 @@ __all__ = [
 cond_p = lax.cond_p
 scan_p = lax.scan_p
 while_p = lax.while_p
+shard_map_p: Any
 try:
     from jax._src.shard_map import shard_map_p  # private: the primitive is not exported
 except ImportError:  # pragma: no cover - another JAX layout
@@ -117,6 +120,23 @@ def is_backward(eqn: Any, outer: bool) -> bool:
     if "rematted_computation" in ns:
         return False
     return outer or "transpose" in ns
+
+
+# -- jax.jit -------------------------------------------------------------------------------------
+
+
+def is_jitted(fun: Any) -> bool:
+    """Whether ``fun`` is a ``jax.jit`` function object."""
+    return getattr(fun, "_jit_info", None) is not None
+
+
+def jit_statics(fun: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(static_argnums, static_argnames) of a ``jax.jit`` function; empty for anything else."""
+    info = getattr(fun, "_jit_info", None)  # private: jit's options, read-only here
+    return (
+        tuple(getattr(info, "static_argnums", ()) or ()),
+        tuple(getattr(info, "static_argnames", ()) or ()),
+    )
 
 
 # -- jax.grad and jax.value_and_grad, recognised without reading docstrings ----------------------

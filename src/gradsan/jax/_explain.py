@@ -13,12 +13,18 @@ import numpy as np
 
 from .. import _catalog
 from .._catalog._classify import classify, format_value
-from .._errors import UsageError
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import catalog_finding
 from . import _compat, _rules
 from . import _numpy_impl as _numpy
-from ._call import arg_labels, check_args, check_callable, flatten_call, output_labels
+from ._call import (
+    arg_labels,
+    check_args,
+    check_callable,
+    flatten_call,
+    output_labels,
+    trace_call,
+)
 from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
 from .interpreter import UNROLL, Interpreter, Scope, to_numpy
 
@@ -158,7 +164,7 @@ class Provenance(Interpreter):
 
     def explain_closed(self, closed: Any, args: list, arg_labels: list[str]) -> tuple[list, list]:
         top = Scope()
-        in_srcs = []
+        in_srcs: list[Src | None] = []
         for a, label in zip(args, arg_labels):
             st = _status(a)
             if st != FINITE:
@@ -317,7 +323,11 @@ def _forward_node(interp: Provenance, origin: Node) -> Node | None:
     the equations of its derivative rule). The primal op is the group's hit that does not
     itself consume another group member's output (the coefficient ``0.5 / sqrt(x)`` does).
     """
-    cands = interp.hits_by_key.get(group_key(origin.scope, origin.place)) if origin.place else None
+    cands = (
+        interp.hits_by_key.get(group_key(origin.scope, origin.place))
+        if origin.place is not None and origin.scope is not None
+        else None
+    )
     if cands:
         # a kink (a max tie among -inf logits) does not make a non-finite value
         cands = [c for c in cands if _entry_kind(c.hit.entry_id) != "kink"]
@@ -416,7 +426,7 @@ def _origin_finding(
     if origin.kind in ("input", "const"):
         a = origin.outs[0] if origin.outs else np.array(np.nan)
         bad = ~np.isfinite(a)
-        got = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
+        held = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
         label = f"`{origin.label}`" if origin.kind == "input" else origin.label
         f = catalog_finding(
             backend="jax",
@@ -424,22 +434,25 @@ def _origin_finding(
             phase="value",
             primitive="input" if origin.kind == "input" else "constant",
             where=None,
-            result=got,
+            result=held,
             count=int(bad.sum()),
             size=int(a.size),
             index=origin.first_bad,
             outputs=hits,
             detail={"input": origin.label},
         )
-        f.values = f"{label} holds {got} in {int(bad.sum())} of {a.size} elements" + (
+        f.values = f"{label} holds {held} in {int(bad.sum())} of {a.size} elements" + (
             f", first at {list(origin.first_bad)}" if origin.first_bad else ""
         )
         return f
     fwd = _forward_node(interp, origin)
     result = _result_word(origin)
-    lib = origin.library or (fwd.library if fwd is not None else None)
-    entry_id = None
-    got = count = size = index = None
+    lib: str | None = origin.library or (fwd.library if fwd is not None else None)
+    entry_id: str | None = None
+    got = None
+    count: int | None = None
+    size: int | None = None
+    index: tuple | None = None
     primitive = origin.prim
     if fwd is not None:
         h = fwd.hit
@@ -478,7 +491,11 @@ def _origin_finding(
             entry_id = lib_entry.id
     # a value, not a gradient, when the origin is a primal operation: not transposed, and the
     # first equation at its source position (a derivative rule's equations come after it)
-    first = interp.group_first.get(group_key(origin.scope, origin.place)) if origin.place else None
+    first = (
+        interp.group_first.get(group_key(origin.scope, origin.place))
+        if origin.place is not None and origin.scope is not None
+        else None
+    )
     value_phase = not origin.backward and (fwd is origin or (fwd is None and first == origin.seq))
     where = (fwd or origin).user_frame
     if (
@@ -623,24 +640,11 @@ def diagnose(
     check_args(leaves, labels, who)
     flat_args = call.flat
 
-    try:
-        closed, out_shape = jax.make_jaxpr(call.fun, return_shape=True)(*flat_args)
-    except TypeError as e:
-        msg = str(e)
-        if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
-                "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
-            ) from e
-        if "scalar-output" in msg:
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Reduce the loss to a scalar first "
-                "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
-            ) from e
-        raise
+    traced = trace_call(call, who)
     interp = Provenance()
-    outs, out_srcs = interp.explain_closed(closed, flat_args, labels)
-    out_labels = output_labels(fun, out_shape, args, labels)
+    outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
+    every_label = output_labels(fun, traced.out_shape, args, labels)
+    out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
