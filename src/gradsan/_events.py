@@ -15,6 +15,22 @@ The records:
 - :class:`Unresolved`: nansafe left non-finite gradient elements as they are, and why.
 - :class:`Certificate`: certify's verdict: the label, the per-direction verdicts, the reason.
 
+How the JAX backends map onto them (tests/report/test_build.py builds each one and checks it
+against the Finding the backend writes itself today, so a port can be checked the same way):
+
+- jax/_explain.py ``_origin_finding`` -> :class:`Origin` (``_poison_details`` -> :class:`Poison`:
+  ``op_class``, the operand values at the first NaN, which operand held the zero); the shard_map,
+  constant-infs and not-in-catalog explanations -> ``Origin.because``; ``Blame`` -> gradsan/_blame.py
+  with the adapter in tests/report/test_blame.py (``JaxGraph``, checked against ``Blame``).
+- jax/_sanitize.py ``kink_finding`` and jax/_subgradient.py ``_finding`` -> :class:`Kink`
+  (``convention(k)``'s value and admissibility -> ``Kink.facts``; their sentences are in
+  ``_messages``: ``CONVENTION_*``, ``VALUE_*``, ``BRANCH_*``).
+- jax/_nansafe.py ``_Emitter._finding`` -> :class:`Repair` / :class:`Unresolved`; the merge in
+  ``build_report`` (which patches the count into rendered text with ``str.replace``) ->
+  ``_report._build.merged`` on the events, before any text is written.
+- jax/_certify.py ``_combine`` -> :class:`Certificate` (its label, certificate text and title
+  come from ``Verdict`` and the slots).
+
 Where one fact has several fixed wordings (a note on the headline, the reason for a repair),
 the record names it with a member of a small enum (:class:`Note`, :class:`Because`,
 :class:`Rule`, :class:`Verdict`) and the values that fill its slots; the words live in

@@ -155,3 +155,47 @@ CERT_DIRECTION = "  direction {direction}: {verdict}"
 CERT_DIRECTION_CERTIFICATE = " -- {certificate}"
 CERT_DIRECTION_NOTES = " [{notes}]"
 UNVERIFIED = "unverified: primitives treated as analytic via repeated JVPs: {ops}"
+
+# ---- the backend's value at a kink (jax/_sanitize.convention; facts of a Kink event) ---------
+
+CONVENTION_JUMP_BLOCKED = (
+    "the function jumps here: the gradient through it is blocked (0), which is no subgradient"
+)
+CONVENTION_ATAN2 = "atan2 is discontinuous at the origin: no value is a subgradient"
+CONVENTION_ARGMAX = (
+    "an index carries no gradient; gathering at it sends the whole gradient "
+    "to one tied element, a vertex of the subdifferential"
+)
+CONVENTION_WHERE_JUMP = (
+    "the branches differ in value on the boundary: the function jumps "
+    "there and no gradient is right"
+)
+CONVENTION_EIGH_VALUE = (
+    "a finite gradient for the eigenvalues (v v^T for the basis returned); "
+    "nan through the eigenvectors"
+)
+CONVENTION_EIGH = "admissible for the eigenvalues only; the eigenvectors have none"
+CONVENTION_RELU_CUSTOM = "the custom_jvp rule of the enclosing function (jax.nn.relu)"
+VALUE_ON_TIED = "[{values}] on the tied elements"
+VALUE_ARGMAX = "index {index} (the first of the tied elements)"
+VALUE_WHERE = "the derivative of the branch the comparison selected (case {case})"
+VALUE_SORT = "the whole gradient to index {got} of the tied {tied}"
+VALUE_CLAMP = "d/dx = {value}"
+
+# ---- subgradient's branch (facts of a Kink event) ----------------------------------------------
+
+BRANCH_NOT_LOCKED = "not locked: JAX's convention is kept"
+BRANCH_ATAN2 = "atan2 is discontinuous at the origin: no limit gradient exists"
+BRANCH_EIGH = (
+    "the eigenvalue gradient is a Clarke subgradient, not necessarily the limit along the direction"
+)
+BRANCH_TIE_CONTINUOUS = (
+    "first-order tie: the tied candidates have equal tangents, so "
+    "every piece gives the same gradient here"
+)
+BRANCH_TIE_UNBROKEN = (
+    "first-order information cannot tell which side of the "
+    "boundary is active: the gradient keeps JAX's convention there "
+    "and may not be a limit gradient"
+)
+BRANCH_ACTIVE = "the piece active along {direction}"
