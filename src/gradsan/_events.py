@@ -149,10 +149,12 @@ class Kink:
     library: str | None = None
     context: str = ""
     scope: str = ""
+    comparison: str | None = None  # where: the comparison primitive that holds with equality
+    trivial: int | None = None  # ties whose candidates are the same function (None: not checked)
     admissible: bool | None = None  # the backend's value lies in the subdifferential
     inadmissible_convention: bool = False  # the backend's value is never admissible here
-    # facts about the backend's value at the first hit (value, blocked, branches_agree, tie,
-    # trivial_count, unbroken, ...): the keys of KinkDetails
+    # facts about the backend's value at the first hit (value, blocked, branches_agree,
+    # unbroken, ...): the keys of KinkDetails
     facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     unresolved: bool = False  # subgradient could not lock a branch
 

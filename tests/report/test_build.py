@@ -330,6 +330,20 @@ def test_origins_without_a_catalog_entry_are_explained_by_the_builder():
 # ---- sanitize -----------------------------------------------------------------------------------
 
 
+# the keys the builder writes from the entry and the event's numbers
+BUILDER_KEYS = (
+    "op",
+    "convention",
+    "subdifferential",
+    "got",
+    "derivative",
+    "comparison",
+    "trivial_count",
+    "tie",
+    "tie_note",
+)
+
+
 def test_kink_events_build_sanitizes_findings():
     """sanitize's kinks, rebuilt from the facts it has at each one (JAX's value at the kink is
     the backend's fact; the entry's convention and subdifferential are the builder's words)."""
@@ -344,13 +358,14 @@ def test_kink_events_build_sanitizes_findings():
         (jax.grad(lambda x: jnp.floor(x) * x), (2.0,)),
         (jax.grad(lambda p: jnp.arctan2(p[0], p[1])), (jnp.zeros(2),)),
         (jax.grad(lambda x: jnp.where(x > 0, x, 2 * x)), (0.0,)),
+        (jax.grad(lambda x: jnp.maximum(2 * x, x + x)), (1.5,)),  # a trivial tie
     ]
     seen = set()
     for fun, args in programs:
         for want in gsj.sanitize(fun)(*args).findings:
             if want.kind not in ("kink", "convention"):
                 continue
-            seen.add(want.catalog_id)
+            seen.add((want.catalog_id, want.detail.get("tie")))
             d = want.detail
             ev = Kink(
                 backend="jax",
@@ -367,11 +382,15 @@ def test_kink_events_build_sanitizes_findings():
                 context=want.context,
                 scope=want.scope,
                 inadmissible_convention=want.kind == "convention",
-                facts={
-                    k: v
-                    for k, v in d.items()
-                    if k not in ("op", "convention", "subdifferential", "got", "derivative")
-                },
+                comparison=d["comparison"].split()[1] if "comparison" in d else None,
+                trivial=d.get("trivial_count"),
+                facts={k: v for k, v in d.items() if k not in BUILDER_KEYS},
             )
             assert _build.build(ev) == want, want.catalog_id
-    assert {"abs-at-zero", "max-tie", "atan2-at-origin", "where-at-boundary"} <= seen
+    assert {c for c, _ in seen} >= {
+        "abs-at-zero",
+        "max-tie",
+        "atan2-at-origin",
+        "where-at-boundary",
+    }
+    assert ("max-tie", "trivial") in seen and ("max-tie", "non-trivial") in seen

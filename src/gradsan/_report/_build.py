@@ -375,6 +375,13 @@ def kink(ev: Kink) -> Finding:
             detail.subdifferential = M.SUBDIFFERENTIAL_JUMP
     for k, v in ev.facts.items():
         detail[k] = v
+    if ev.comparison is not None:
+        detail.comparison = M.WHERE_COMPARISON.format(op=ev.comparison)
+    if ev.trivial is not None:
+        detail.trivial_count = ev.trivial
+        detail.tie = "trivial" if ev.trivial == ev.count else "non-trivial"
+        if detail.tie == "trivial":
+            detail.tie_note = M.TIE_TRIVIAL
     if ev.admissible is not None:
         detail.admissible = ev.admissible
     if ev.inadmissible_convention:
