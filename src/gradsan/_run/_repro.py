@@ -43,7 +43,7 @@ def write_repro(failure: Failure, script: str, argv: list[str], out_dir: str | N
     }
     with open(os.path.join(d, "report.txt"), "w") as fh:
         fh.write(str(failure.report) + "\n")
-    from .._html import render_html
+    from .._report._html import render_html
 
     with open(os.path.join(d, "report.html"), "w") as fh:
         fh.write(render_html(failure.report, title=f"gradsan: {failure.header}"))

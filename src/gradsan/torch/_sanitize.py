@@ -3,23 +3,23 @@ through, with the convention PyTorch chose there (and a flag when it is not admi
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from .. import _catalog
 from .._catalog import _classify
-from .._report import Finding
-from .._report._build import catalog_finding
+from .._events import Kink
+from .._report import _messages
+from .._report._build import build
 from . import _rules
 from ._explain import BACKEND, Namer, _scope, explain
 from ._mode import Tag, Tracer
 
 
-def _kink_finding(
+def kink_event(
     tracer: Tracer, tag: Tag, name: str, operands: list, params: dict, paths: dict[int, str]
-) -> Finding | None:
+) -> Kink | None:
+    """The kink the tracer saw at one operation, as a text-free event (None: not on a kink)."""
     if not any(isinstance(o, torch.Tensor) and o.requires_grad for o in operands):
         return None
     op = tag.op
@@ -32,7 +32,7 @@ def _kink_finding(
         if strict is None:
             return None
         mask = ~_rules.to_numpy(strict).astype(bool)
-        entry_id, qi, got = _rules.KINK_IDS[op], 0, "a comparison that holds with equality"
+        entry_id, qi, got = _rules.KINK_IDS[op], 0, _messages.WHERE_EQUALITY
     else:
         hit = None
         np_ops = [None if o is None else _rules.to_numpy(o) for o in operands]
@@ -66,34 +66,26 @@ def _kink_finding(
     if not mask.any():
         return None
     idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
-    kind = "convention" if op in _rules.INADMISSIBLE else "kink"
-    detail: dict[str, Any] = {}
-    try:
-        entry = _catalog.get(entry_id)
-        conv = entry.conventions.get("torch")
-        if conv:
-            detail["convention"] = conv
-        if entry.subdifferential:
-            detail["subdifferential"] = entry.subdifferential
-    except KeyError:
-        detail["missing_catalog_entry"] = entry_id
-    if kind == "convention":
-        detail["admissible"] = False
-    return catalog_finding(
+    got_value = None
+    if op != "select_n" and operands[qi] is not None:
+        try:
+            got_value = float(np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape)[idx])
+        except (IndexError, ValueError, TypeError):
+            got_value = None
+    return Kink(
         backend=BACKEND,
         entry_id=entry_id,
-        kind=kind,
-        phase="gradient",
+        op=op,
         primitive=name,
         where=tag.frame,
-        result="finite",
         backend_op=tag.qualname,
         got=got,
+        got_value=got_value,
         count=int(mask.sum()),
         size=int(mask.size),
         index=idx,
         scope=_scope(tag, paths),
-        detail=detail,
+        inadmissible_convention=op in _rules.INADMISSIBLE,
     )
 
 
@@ -118,9 +110,10 @@ class sanitize(explain):
         paths = Namer().module_paths(list(self.modules) + tracer.roots)
         seen: set[tuple] = set()
         for tag, name, (operands, params) in tracer.kink_hits:
-            f = _kink_finding(tracer, tag, name, list(operands), dict(params), paths)
-            if f is None:
+            ev = kink_event(tracer, tag, name, list(operands), dict(params), paths)
+            if ev is None:
                 continue
+            f = build(ev)
             k = (
                 f.catalog_id,
                 f.where.file if f.where else None,
