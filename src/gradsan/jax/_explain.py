@@ -11,10 +11,11 @@ import jax
 import numpy as np
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value
+from .._catalog._classify import classify
 from .._errors import UsageError
 from .._report import Finding, OutputHit, Report
 from .._report._build import catalog_finding
+from .._report._format import format_value
 from . import _rules
 from ._interpret import FINITE, INF, NAN, Interpreter, Node, group_key
 from ._source import custom_vjp_rule_frame, exclude_gradsan
@@ -516,12 +517,13 @@ def _origin_finding(
 
 def _overflow_hit(origin: Node):
     try:
-        from .._catalog._classify import classify_overflow
+        from .._catalog._overflow import classify_overflow
     except ImportError:
         return None
     if not origin.outs or origin.operands is None:
         return None
-    return classify_overflow(origin.prim, origin.operands, origin.outs[0])
+    op = "add" if origin.prim == "add_any" else origin.prim  # canonical op for the float32 check
+    return classify_overflow(op, origin.operands, origin.outs[0])
 
 
 # -- the transformation -------------------------------------------------------------------------

@@ -24,9 +24,11 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value, kink_mask
+from .._catalog._classify import classify
+from .._catalog._masks import kink_mask
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
+from .._report._format import format_value
 from ._explain import arg_labels, check_args, check_callable, diagnose, flatten_call
 from ._guard import _host_flag
 from ._interpret import _closed, _is_library_body, _library_name, _np
@@ -974,7 +976,7 @@ def _window_spread(k: Kink, tx: np.ndarray) -> np.ndarray:
         if k.params.get("reverse"):
             d = d[..., ::-1]
         return np.moveaxis(d, -1, axis)
-    from .._catalog._classify import _windows
+    from .._catalog._masks import windows as _windows
 
     use_min = k.op.endswith("min")
     w = _windows(x, k.params, np.inf if use_min else -np.inf)

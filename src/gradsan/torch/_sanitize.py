@@ -10,6 +10,7 @@ import torch
 
 from .. import _catalog
 from .._catalog import _classify
+from .._catalog._types import CONVENTION_KINDS
 from .._report import Finding
 from .._report._build import catalog_finding
 from . import _rules
@@ -32,44 +33,26 @@ def _kink_finding(
         if strict is None:
             return None
         mask = ~_rules.to_numpy(strict).astype(bool)
-        entry_id, qi, got = _rules.KINK_IDS[op], 0, "a comparison that holds with equality"
+        entry_id, got = _WHERE, "a comparison that holds with equality"
     else:
-        hit = None
         np_ops = [None if o is None else _rules.to_numpy(o) for o in operands]
-        if op in _classify.known_ops() and all(o is not None for o in np_ops):
-            try:
-                hit = _classify.classify(op, np_ops, None, params)
-            except Exception:  # an unreadable operand is not a finding
-                hit = None
-        if hit is not None:
-            if hit.entry_id not in _KINKISH:
-                return None
-            mask, entry_id, qi, got = hit.mask, hit.entry_id, hit.operand, hit.got
-        else:
-            km = _rules.kink_mask(op, operands, params)
-            if km is None:
-                return None
-            mask, qi = km
-            entry_id = _rules.KINK_IDS[op]
-            got = ""
-        mask = np.asarray(mask, bool)
-        if not mask.any():
+        try:
+            hit = _classify.classify(op, np_ops, None, params)
+        except Exception:  # an unreadable operand is not a finding
+            hit = None
+        if hit is None or hit.entry_id not in _KINKISH:
             return None
-        if not got:
-            vals = (
-                np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape)
-                if operands[qi] is not None
-                else None
-            )
-            got = _classify.format_value(vals[mask].flat[0]) if vals is not None else ""
+        mask, entry_id, got = hit.mask, hit.entry_id, hit.got
     mask = np.asarray(mask, bool)
     if not mask.any():
         return None
     idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
-    kind = "convention" if op in _rules.INADMISSIBLE else "kink"
+    kind = "kink"
     detail: dict[str, Any] = {}
     try:
         entry = _catalog.get(entry_id)
+        if BACKEND in entry.inadmissible:  # a finite value that is no derivative
+            kind = "convention"
         conv = entry.conventions.get("torch")
         if conv:
             detail["convention"] = conv
@@ -97,9 +80,11 @@ def _kink_finding(
     )
 
 
-_KINKISH = set(_rules.KINK_IDS.values()) | {
-    e.id for e in _catalog.ENTRIES if e.kind in ("kink", "discontinuity")
+# The entries sanitize reports: kinks, ties and jumps, and PyTorch's inadmissible conventions.
+_KINKISH = {
+    e.id for e in _catalog.ENTRIES if e.kind in CONVENTION_KINDS or BACKEND in e.inadmissible
 }
+_WHERE = _catalog.by_op("where")[0].id
 
 
 class sanitize(explain):
