@@ -174,3 +174,30 @@ def test_predicates_read_the_masks():
         np.testing.assert_array_equal(hit.mask, fn(np, [x], {}))
     hit = classify("floor", [x])
     np.testing.assert_array_equal(hit.mask, _masks.integer(np, [x], {}))
+
+
+# ---- admissible sets -----------------------------------------------------------------------
+
+
+def test_admissible_sets_belong_to_kink_entries():
+    for e in _catalog.ENTRIES:
+        if e.kind in CONVENTION_KINDS and e.id not in ("where-at-boundary", "std-of-constant"):
+            assert e.admissible is not None, e.id
+        if e.admissible is not None:
+            assert e.kind in CONVENTION_KINDS, e.id
+            # a set exists exactly where the catalog writes a subdifferential
+            assert e.admissible.exists() == (e.subdifferential is not None), e.id
+
+
+def test_admissible_contains_the_measured_conventions():
+    adm = {e.id: e.admissible for e in _catalog.ENTRIES if e.admissible is not None}
+    assert adm["abs-at-zero"].contains(1.0) and adm["abs-at-zero"].contains(0.0)  # JAX, torch
+    assert not adm["abs-at-zero"].contains(1.5)
+    assert adm["relu-at-zero"].contains(0.0) and not adm["relu-at-zero"].contains(-0.5)
+    assert adm["max-tie"].contains([0.5, 0.5]) and not adm["max-tie"].contains([1.0, 1.0])
+    assert adm["hypot-at-origin"].contains([0.5, 0.5])  # JAX
+    assert not adm["hypot-at-origin"].contains([np.nan, np.nan])  # PyTorch
+    assert not adm["norm-at-zero"].contains([np.nan, np.nan])  # JAX
+    assert adm["eigh-repeated-eigenvalues"].contains([[0.5, 0.0], [0.0, 0.5]])
+    assert not adm["eigh-repeated-eigenvalues"].contains([[1.0, 0.0], [0.0, 1.0]])
+    assert not adm["sign-at-zero"].exists() and not adm["sign-at-zero"].contains(0.0)

@@ -32,7 +32,9 @@ def _free_names(code: str) -> set[str]:
 def _result_name(code: str) -> str:
     last = ast.parse(code).body[-1]
     assert isinstance(last, ast.Assign), code
-    return last.targets[0].id
+    target = last.targets[0]
+    assert isinstance(target, ast.Name), code
+    return target.id
 
 
 def _cases():

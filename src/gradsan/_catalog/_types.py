@@ -75,6 +75,9 @@ class Singularity:
     # Backends whose convention here is a finite value outside the admissible set (no
     # derivative of anything): their sanitize reports it as kind "convention", not "kink".
     inadmissible: tuple[str, ...] = ()
+    # The admissible set of gradients there (kinks, ties, jumps); None where it is no fixed
+    # form (a where on its boundary, std of a constant). A simplex's support is the tie's.
+    admissible: Admissible | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -156,8 +159,10 @@ class Admissible:
         """Whether any value is admissible (False where the function jumps)."""
         return self.form != "none"
 
-    def contains(self, g: Any, tol: float = 1e-12) -> bool:
-        """Whether the gradient ``g`` (array-like) lies in the set, up to rounding."""
+    def contains(self, g: Any, tol: float = 1e-12, sum_tol: float = 1e-9) -> bool:
+        """Whether the gradient ``g`` (array-like) lies in the set, up to rounding: ``tol`` on
+        the bounds, ``sum_tol`` on a simplex's sum and a PSD matrix's trace. A simplex with no
+        support takes every element as tied."""
         import numpy as np
 
         a = np.asarray(g, np.float64)
@@ -167,14 +172,14 @@ class Admissible:
             return bool(np.all((a >= self.lo - tol) & (a <= self.hi + tol)))
         if self.form == "simplex":
             flat = np.ravel(a)
-            sup = list(self.support)
+            sup = list(self.support) or list(range(flat.size))
             others = [i for i in range(flat.size) if i not in sup]
             return bool(
                 np.all(flat[sup] >= -tol)
-                and abs(flat[sup].sum() - 1) <= 1e-9
+                and abs(flat[sup].sum() - 1) <= sum_tol
                 and np.all(flat[others] == 0)
             )
         if self.form == "ball":
             return bool(np.linalg.norm(np.ravel(a)) <= 1 + tol)
         s = (a + a.T) / 2  # psd_trace1
-        return bool(abs(np.trace(s) - 1) <= 1e-9 and np.linalg.eigvalsh(s).min() >= -1e-9)
+        return bool(abs(np.trace(s) - 1) <= sum_tol and np.linalg.eigvalsh(s).min() >= -sum_tol)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _masks as m
 from .._classify import Hit, hit, predicate, real, rule
-from .._types import Fix, Singularity
+from .._types import Admissible, Fix, Singularity
 
 ATAN2_AT_ORIGIN = Singularity(
     id="atan2-at-origin",
@@ -53,6 +53,7 @@ ATAN2_AT_ORIGIN = Singularity(
     safe="atan2",
     point={"x": 0.0, "y": 0.0},
     inadmissible=("jax", "torch"),
+    admissible=Admissible.none("none (discontinuous)"),
 )
 
 ACOS_AT_ONE = Singularity(

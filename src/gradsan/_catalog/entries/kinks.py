@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _masks as m
 from .._classify import Hit, eps, hit, hit_at, predicate, real
-from .._types import Fix, Singularity
+from .._types import Admissible, Fix, Singularity
 
 ABS_AT_ZERO = Singularity(
     id="abs-at-zero",
@@ -45,6 +45,7 @@ ABS_AT_ZERO = Singularity(
         ),
     ),
     safe="abs",
+    admissible=Admissible.interval(-1, 1),
 )
 
 RELU_AT_ZERO = Singularity(
@@ -76,6 +77,7 @@ RELU_AT_ZERO = Singularity(
     ),
     safe="maximum",
     library=("jax.nn.relu", "torch.relu", "torch.nn.functional.relu"),
+    admissible=Admissible.interval(0, 1),
 )
 
 MAX_TIE = Singularity(
@@ -134,6 +136,7 @@ MAX_TIE = Singularity(
         "torch.min",
         "torch.amin",
     ),
+    admissible=Admissible.simplex((), "convex combinations of the tied elements"),
 )
 
 SORT_TIE = Singularity(
@@ -169,6 +172,7 @@ SORT_TIE = Singularity(
         ),
     ),
     library=("jax.numpy.sort", "jax.lax.top_k", "torch.sort", "torch.topk"),
+    admissible=Admissible.simplex((), "convex combinations of the tied inputs"),
 )
 
 CLIP_AT_BOUND = Singularity(
@@ -199,6 +203,7 @@ CLIP_AT_BOUND = Singularity(
     ),
     safe="clip",
     library=("jax.numpy.clip", "torch.clamp", "torch.clip"),
+    admissible=Admissible.interval(0, 1, "[0, 1] for x"),
 )
 
 SIGN_AT_ZERO = Singularity(
@@ -230,6 +235,7 @@ SIGN_AT_ZERO = Singularity(
             "y = torch.tanh(x / t)",
         ),
     ),
+    admissible=Admissible.none("none (a jump)"),
 )
 
 FLOOR_ROUND_AT_JUMP = Singularity(
@@ -256,6 +262,7 @@ FLOOR_ROUND_AT_JUMP = Singularity(
             "y = x + (torch.round(x) - x).detach()",
         ),
     ),
+    admissible=Admissible.none("none (a jump)"),
 )
 
 WHERE_AT_BOUNDARY = Singularity(
@@ -332,6 +339,7 @@ HYPOT_AT_ORIGIN = Singularity(
     safe="hypot",
     library=("jax.numpy.hypot", "torch.hypot"),
     point={"x": 0.0, "y": 0.0},
+    admissible=Admissible.ball("the unit disk"),
 )
 
 EIGH_REPEATED_EIGENVALUES = Singularity(
@@ -384,6 +392,7 @@ EIGH_REPEATED_EIGENVALUES = Singularity(
         "torch.linalg.eigh",
         "torch.linalg.svd",
     ),
+    admissible=Admissible.psd_trace1(),
 )
 
 DET_AT_SINGULAR = Singularity(

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import _masks as m
 from .._classify import Hit, hit, hit_at, predicate, real, reduce
-from .._types import Fix, Singularity
+from .._types import Admissible, Fix, Singularity
 
 NORM_AT_ZERO = Singularity(
     id="norm-at-zero",
@@ -63,6 +63,7 @@ NORM_AT_ZERO = Singularity(
         "torch.norm",
     ),
     point={"x": [0.0, 0.0]},
+    admissible=Admissible.ball("the unit ball"),
 )
 
 STD_OF_CONSTANT = Singularity(
