@@ -201,3 +201,38 @@ def test_admissible_contains_the_measured_conventions():
     assert adm["eigh-repeated-eigenvalues"].contains([[0.5, 0.0], [0.0, 0.5]])
     assert not adm["eigh-repeated-eigenvalues"].contains([[1.0, 0.0], [0.0, 1.0]])
     assert not adm["sign-at-zero"].exists() and not adm["sign-at-zero"].contains(0.0)
+
+
+# ---- torch's sanitize reads the catalog (no fallback masks of its own) ----------------------
+
+
+def _torch_sanitize(fn, *xs):
+    torch = pytest.importorskip("torch")
+    gst = pytest.importorskip("gradsan.torch")
+    ts = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in xs]
+    return gst.sanitize(fn)(*ts)
+
+
+def test_torch_one_sided_clamp_and_sort_ties_use_the_catalog_sets():
+    torch = pytest.importorskip("torch")
+    report = _torch_sanitize(lambda x: torch.clamp(x, min=0.0).sum(), [0.0, 1.0])
+    [f] = report.findings
+    assert (f.catalog_id, f.count, f.detail["got"]) == ("clip-at-bound", 1, "0.0")
+    # only the tied elements, not every element of a tensor that has a tie somewhere
+    report = _torch_sanitize(lambda x: torch.sort(x).values[-1], [3.0, 1.0, 3.0, 2.0])
+    [f] = report.findings
+    assert (f.catalog_id, f.count) == ("sort-tie", 2)
+    # floor jumps at the integers, and inf is none (torch's own mask had it)
+    report = _torch_sanitize(lambda x: torch.floor(x).sum(), [np.inf, 1.5, 2.0])
+    [f] = [f for f in report.findings if f.kind == "kink"]
+    assert (f.catalog_id, f.count, f.index) == ("floor-round-at-jump", 1, (2,))
+
+
+def test_torch_conventions_outside_the_admissible_set():
+    torch = pytest.importorskip("torch")
+    report = _torch_sanitize(lambda a: torch.det(a), [[1.0, 2.0], [2.0, 4.0]])
+    kinds = {f.catalog_id: f.kind for f in report.findings}
+    assert kinds.get("det-at-singular") == "convention"
+    assert _catalog.get("det-at-singular").inadmissible == ("torch",)
+    report = _torch_sanitize(lambda x: torch.sign(x).sum(), [0.0])
+    assert [(f.catalog_id, f.kind) for f in report.findings] == [("sign-at-zero", "kink")]

@@ -47,12 +47,10 @@ def _kink_finding(
     if not mask.any():
         return None
     idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
-    kind = "kink"
+    kind = "convention" if BACKEND in _catalog.get(entry_id).inadmissible else "kink"
     detail: dict[str, Any] = {}
     try:
         entry = _catalog.get(entry_id)
-        if BACKEND in entry.inadmissible:  # a finite value that is no derivative
-            kind = "convention"
         conv = entry.conventions.get("torch")
         if conv:
             detail["convention"] = conv
