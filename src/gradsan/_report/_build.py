@@ -28,6 +28,7 @@ from .._events import (
     Verdict,
 )
 from . import _messages as M
+from ._format import format_value
 from ._records import (
     CertificateDetails,
     Details,
@@ -221,8 +222,6 @@ def catalog_finding(
 
 
 def _format(v: Any) -> str:
-    from .._catalog._classify import format_value
-
     return format_value(v)
 
 

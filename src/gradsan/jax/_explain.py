@@ -12,9 +12,10 @@ import jax
 import numpy as np
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value
+from .._catalog._classify import classify
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import catalog_finding
+from .._report._format import format_value
 from . import _compat, _rules
 from . import _numpy_impl as _numpy
 from ._call import (
@@ -651,12 +652,13 @@ def _origin_finding(
 
 def _overflow_hit(origin: Node):
     try:
-        from .._catalog._classify import classify_overflow
+        from .._catalog._overflow import classify_overflow
     except ImportError:
         return None
     if not origin.outs or origin.operands is None:
         return None
-    return classify_overflow(origin.prim, origin.operands, origin.outs[0])
+    op = "add" if origin.prim == "add_any" else origin.prim  # canonical op for the float32 check
+    return classify_overflow(op, origin.operands, origin.outs[0])
 
 
 # -- the transformation -------------------------------------------------------------------------

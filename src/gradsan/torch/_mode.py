@@ -244,7 +244,7 @@ class Tracer:
                         if edges:
                             md["gradsan_sz"] = edges
                     self._tag_inner(gf, tag)
-        if self.kinks and op in _rules.KINK_IDS:
+        if self.kinks and op in _rules.KINK_OPS:
             if tag is None:
                 tag = self._make_tag(func, name, op, args, kwargs)
             self.kink_hits.append((tag, name, _rules.operands_for(name, args, kwargs)))

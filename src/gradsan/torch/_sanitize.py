@@ -8,6 +8,7 @@ import torch
 
 from .. import _catalog
 from .._catalog import _classify
+from .._catalog._types import CONVENTION_KINDS
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
@@ -32,46 +33,24 @@ def kink_event(
         if strict is None:
             return None
         mask = ~_rules.to_numpy(strict).astype(bool)
-        entry_id, qi, got = _rules.KINK_IDS[op], 0, _messages.WHERE_EQUALITY
+        entry_id, got, got_value = _WHERE, _messages.WHERE_EQUALITY, None
     else:
-        hit = None
         np_ops = [None if o is None else _rules.to_numpy(o) for o in operands]
-        if op in _classify.known_ops() and all(o is not None for o in np_ops):
-            try:
-                hit = _classify.classify(op, np_ops, None, params)
-            except Exception:  # an unreadable operand is not a finding
-                hit = None
-        if hit is not None:
-            if hit.entry_id not in _KINKISH:
-                return None
-            mask, entry_id, qi, got = hit.mask, hit.entry_id, hit.operand, hit.got
-        else:
-            km = _rules.kink_mask(op, operands, params)
-            if km is None:
-                return None
-            mask, qi = km
-            entry_id = _rules.KINK_IDS[op]
-            got = ""
-        mask = np.asarray(mask, bool)
-        if not mask.any():
+        try:
+            hit = _classify.classify(op, np_ops, None, params)
+        except Exception:  # an unreadable operand is not a finding
+            hit = None
+        if hit is None or hit.entry_id not in _KINKISH:
             return None
-        if not got:
-            vals = (
-                np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape)
-                if operands[qi] is not None
-                else None
-            )
-            got = _classify.format_value(vals[mask].flat[0]) if vals is not None else ""
+        mask, entry_id, got = hit.mask, hit.entry_id, hit.got
+        try:
+            got_value = None if hit.value is None else float(hit.value)
+        except (TypeError, ValueError):
+            got_value = None
     mask = np.asarray(mask, bool)
     if not mask.any():
         return None
     idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
-    got_value = None
-    if op != "select_n" and operands[qi] is not None:
-        try:
-            got_value = float(np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape)[idx])
-        except (IndexError, ValueError, TypeError):
-            got_value = None
     return Kink(
         backend=BACKEND,
         entry_id=entry_id,
@@ -85,13 +64,15 @@ def kink_event(
         size=int(mask.size),
         index=idx,
         scope=_scope(tag, paths),
-        inadmissible_convention=op in _rules.INADMISSIBLE,
+        inadmissible_convention=BACKEND in _catalog.get(entry_id).inadmissible,
     )
 
 
-_KINKISH = set(_rules.KINK_IDS.values()) | {
-    e.id for e in _catalog.ENTRIES if e.kind in ("kink", "discontinuity")
+# The entries sanitize reports: kinks, ties and jumps, and PyTorch's inadmissible conventions.
+_KINKISH = {
+    e.id for e in _catalog.ENTRIES if e.kind in CONVENTION_KINDS or BACKEND in e.inadmissible
 }
+_WHERE = _catalog.by_op("where")[0].id
 
 
 class sanitize(explain):
