@@ -155,7 +155,7 @@ def _jax_finding(site, n, margins=None):
 def _event_of(site, n, margins=None):
     """What jax/_nansafe knows at a site, as the event it will emit."""
     from gradsan import _catalog
-    from gradsan.jax._nansafe import _ENTRY
+    from gradsan.jax._rules import NANSAFE_ENTRY as _ENTRY
 
     entry = _ENTRY.get(site.primitive)
     if site.library is not None and _catalog.for_library(site.library) is not None:
@@ -246,7 +246,7 @@ def _note(text):
 def test_origin_events_build_explains_findings():
     """Every finding of the demo gallery, rebuilt from the facts explain has at its origin."""
     import gradsan.jax as gsj
-    from gradsan import demo_cases
+    from gradsan._demo import case as demo_cases
 
     for case in sorted(demo_cases.CASES):
         c = demo_cases.CASES[case]()
