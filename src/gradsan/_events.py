@@ -129,6 +129,9 @@ class Origin:
     because: Because | None = None
     body_op: str = ""  # SHARD_MAP: the body's first operation
     unresolved: bool = False  # nansafe looked at it and left it non-finite (the zero is numerical)
+    device: int | None = None  # jax: the device it was born on (shard_map, sharded jit)
+    mesh_coordinate: Mapping[str, int] | None = None  # that device's place in its mesh
+    global_index: Index | None = None  # the element's index in the global (unsharded) value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -306,7 +306,14 @@ def _input_values(ev: Origin) -> str:
 
 def origin(ev: Origin) -> Finding:
     """The Finding of a non-finite origin."""
-    detail = OriginDetails(input=ev.input, origin_op=ev.origin_op, node=ev.node)
+    detail = OriginDetails(
+        input=ev.input,
+        origin_op=ev.origin_op,
+        node=ev.node,
+        device=ev.device,
+        mesh_coordinate=dict(ev.mesh_coordinate) if ev.mesh_coordinate is not None else None,
+        global_index=ev.global_index,
+    )
     if ev.custom_vjp_call is not None:
         detail.custom_vjp_call = str(ev.custom_vjp_call)
     detail.note = _note(ev)
@@ -317,7 +324,9 @@ def origin(ev: Origin) -> Finding:
         backend_op = M.MET_OP_IN_NODE.format(op=ev.backend_op, node=ev.node)
     if ev.backward:
         backend_op += " (backward)"
-    zero_from, met_where, met_op = _met(ev, detail)
+    # a NaN made from constant infinities: the poison is the origin's own form, met nowhere else
+    own = ev.because is Because.CONSTANT_INFS
+    zero_from, met_where, met_op = (None, None, None) if own else _met(ev, detail)
     f = catalog_finding(
         backend=ev.backend,
         entry_id=ev.entry_id,

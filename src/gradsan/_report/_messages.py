@@ -39,10 +39,10 @@ FORM_OF_INFINITE = "{op} of an infinite input = nan"
 
 # an explanation the builder writes when the catalog has none (events.Because)
 SHARD_MAP = (
-    "The non-finite value was born inside a shard_map, which gradsan runs as one "
-    "operation (its per-shard body is not interpreted yet). The line shown is the "
-    "body's first `{op}`; run gradsan.jax.explain on the body function with "
-    "one shard's inputs to locate it exactly."
+    "The non-finite value was born inside a shard_map that gradsan ran as one operation: "
+    "its body has a collective inside a loop or branch, or mesh axes that are not all manual, "
+    "so it was not entered per device. The line shown is the body's first `{op}`; run "
+    "gradsan.jax.explain on the body function with one shard's inputs to locate it exactly."
 )
 CONSTANT_INFS = (
     "`{op}` computed {text} from infinite inputs that came from "

@@ -164,6 +164,9 @@ class OriginDetails(Details):
     met_text: str | None = None  # the indeterminate form at the place the inf met a zero
     met_value: str | None = None  # what met the zero ("inf", "nan")
     why_unresolved: str | None = None  # nansafe: why the value was left non-finite
+    device: int | None = None  # jax: the device it was born on
+    mesh_coordinate: dict[str, int] | None = None  # that device's coordinate in its mesh
+    global_index: tuple[int, ...] | None = None  # the element's index in the global value
 
 
 @dataclasses.dataclass(eq=False, repr=False)
