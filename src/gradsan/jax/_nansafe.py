@@ -39,6 +39,8 @@ from jax import lax
 from jax.extend.core import primitives as _primitives
 
 from .. import _catalog
+from .._catalog._ops import CAN_MAKE_NONFINITE as _SINGULAR
+from .._catalog._ops import ZERO_TO_ZERO as _ZERO_TO_ZERO
 from .._errors import UsageError
 from .._report import Frame, Report
 from .._report._build import catalog_finding
@@ -54,65 +56,7 @@ exclude_gradsan()
 _MODES = ("structural", "strong_zero")
 
 # operations whose output can be non-finite from finite inputs
-_SINGULAR = {
-    "div",
-    "log",
-    "log1p",
-    "sqrt",
-    "rsqrt",
-    "cbrt",
-    "pow",
-    "atan2",
-    "acos",
-    "asin",
-    "atanh",
-    "acosh",
-    "tan",
-    "lgamma",
-    "digamma",
-    "erf_inv",
-    "exp",
-    "exp2",
-    "expm1",
-    "rem",
-    "igamma",
-    "igammac",
-    "polygamma",
-    "zeta",
-    "bessel_i0e",
-    "bessel_i1e",
-    "regularized_incomplete_beta",
-    "random_gamma_grad",
-    "logistic",
-}
 # elementwise operations f with f(0) = 0 exactly, and one float operand: sz passes through
-_ZERO_TO_ZERO = {
-    "neg",
-    "convert_element_type",
-    "reduce_precision",
-    "copy",
-    "copy_p",
-    "real",
-    "imag",
-    "conj",
-    "sin",
-    "tan",
-    "tanh",
-    "sinh",
-    "asin",
-    "atan",
-    "asinh",
-    "atanh",
-    "expm1",
-    "log1p",
-    "abs",
-    "sign",
-    "sqrt",
-    "cbrt",
-    "erf",
-    "erf_inv",
-    "optimization_barrier",
-}
 # operations that move elements around: apply the same primitive to the mask (operand 0)
 _SHAPE = {
     "reshape",
