@@ -31,6 +31,7 @@ from ._call import (
 from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
 from .interpreter import UNROLL, Interpreter, Scope, to_numpy
 from .interpreter._devices import enter_shard_map, holder
+from .interpreter._unroll import scan_bad_iterations, scan_carry_at, scan_rule
 
 exclude_gradsan()
 
@@ -152,10 +153,42 @@ def _shard_map_rule(
     return outvals, outsides
 
 
+# A scan longer than this whose inputs are finite is not interpreted iteration by iteration:
+# it runs compiled, and only its first iteration that makes a non-finite value is interpreted.
+LAZY_SCAN = 64
+
+
+def _scan_rule(
+    interp: Provenance, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
+) -> tuple[list, list]:
+    """A long scan over finite inputs: run compiled; when an output is non-finite, find the
+    first iteration that made one (a compiled per-iteration flag), rebuild its carry from the
+    compiled prefix and interpret that iteration only. A finite scan is remembered, so the
+    same iteration of it can be replayed when a later scan in the same scope (its transpose
+    in the backward pass) needs to know which forward operation hit a singular point."""
+    p = eqn.params
+    length = p["length"]
+    if length <= LAZY_SCAN or any(s is not None for s in insides):
+        return scan_rule(interp, eqn, invals, insides, scope, key)
+    outs = _compat.bind(eqn, invals)
+    if all(_status(o) == FINITE for o in outs):
+        interp.finite_scans.setdefault(scope.path, []).append((eqn, list(invals), scope, key))
+        return outs, [None] * len(outs)
+    bad = np.flatnonzero(scan_bad_iterations(eqn, invals))
+    if not bad.size:  # non-finite only through rounding differences of the compiled flag
+        return scan_rule(interp, eqn, invals, insides, scope, key)
+    i = int(bad.max() if p.get("reverse", False) else bad.min())  # first in execution order
+    for f_eqn, f_invals, f_scope, f_key in interp.finite_scans.get(scope.path, []):
+        if f_eqn.params["length"] == length:
+            interp.scan_iteration(f_eqn, f_invals, f_scope, f_key, i)
+    osides = interp.scan_iteration(eqn, invals, scope, key, i)
+    return outs, [interp.stack_side([s], scope) for s in osides]
+
+
 class Provenance(Interpreter):
     """Evaluates a ClosedJaxpr and records the dataflow of non-finite values."""
 
-    rules = {**UNROLL}
+    rules = {**UNROLL, _compat.scan_p: _scan_rule}
     if _compat.shard_map_p is not None:
         rules[_compat.shard_map_p] = _shard_map_rule
 
@@ -169,6 +202,8 @@ class Provenance(Interpreter):
         # group key -> seq of its first equation: the primal op comes before its derivative's
         self.group_first: dict[tuple, int] = {}
         self.arguments: list = []  # the flat arguments (their shardings name devices)
+        # scope path -> long scans that ran compiled and stayed finite (see _scan_rule)
+        self.finite_scans: dict[str, list] = {}
         # per scope: the group key of its last equation, and the run it belongs to (scopes of
         # the devices of a shard_map interleave, so runs are tracked per scope)
         self._last: dict[int, tuple[tuple, int]] = {}
@@ -187,6 +222,26 @@ class Provenance(Interpreter):
             else:
                 in_srcs.append(None)
         return self.run_closed(closed, args, in_srcs, top)
+
+    def scan_iteration(self, eqn: Any, invals: list, scope: Scope, key: tuple, i: int) -> list:
+        """Interpret iteration ``i`` of a scan alone (its carry from the compiled prefix);
+        the sidecars of what it returns."""
+        p = eqn.params
+        jaxpr, jconsts = _compat.closed(p["jaxpr"])
+        nc, nk = p["num_consts"], p["num_carry"]
+        carry = scan_carry_at(eqn, invals, i)
+        xs = [np.asarray(x)[i] for x in invals[nc + nk :]]
+        sub = self.sub_scope(
+            eqn,
+            scope,
+            (*key, i),
+            f"scan[{i}]",
+            self.in_context(scope, f"scan iteration {i} (of {p['length']})"),
+        )
+        args = [*invals[:nc], *carry, *xs]
+        csides = [self.const_side(c, "a constant") for c in jconsts]
+        _, osides = self.run(jaxpr, jconsts, csides, args, [None] * len(args), sub)
+        return osides
 
     def const_side(self, value: Any, label: str) -> Src | None:
         st = _status(value)
