@@ -31,38 +31,11 @@ from ._conventions import convention, trivial_mask
 from ._explain import check_callable, diagnose, flatten_call
 from ._interpret import _closed, _is_library_body, _library_name, _np
 from ._interpret import bind_eqn as _bind
+from ._rules import COMPARISONS, is_boundary, is_float, kink_op, kink_params, library_operands
 from ._source import exclude_gradsan, place
 
 exclude_gradsan()
 
-# lax primitive -> canonical op of gradsan._catalog._classify
-KINK_OPS: dict[str, str] = {
-    "abs": "abs",
-    "sign": "sign",
-    "max": "max",
-    "min": "min",
-    "clamp": "clamp",
-    "reduce_max": "reduce_max",
-    "reduce_min": "reduce_min",
-    "argmax": "argmax",
-    "argmin": "argmin",
-    "sort": "sort",
-    "top_k": "top_k",
-    "cummax": "cummax",
-    "cummin": "cummin",
-    "reduce_window_max": "reduce_window_max",
-    "reduce_window_min": "reduce_window_min",
-    "floor": "floor",
-    "ceil": "ceil",
-    "round": "round",
-    "convert_element_type": "trunc",
-    "eigh": "eigh",
-    "svd": "svd",
-    "atan2": "atan2",
-}
-COMPARISONS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-# Library functions summarized as one operation (their internals would report several kinks).
-LIBRARY_OPS = {"clip-at-bound": "clamp", "hypot-at-origin": "hypot"}
 JUMPS = {"sign", "floor", "ceil", "round", "trunc"}
 TIES = {
     "max",
@@ -142,54 +115,6 @@ class Kink:
     def frame(self) -> Frame | None:
         pl = place(self.eqn.source_info)
         return pl.user or self.scope.frame
-
-
-def _is_float(x: Any) -> bool:
-    dt = getattr(x, "dtype", None)
-    return dt is not None and jnp.issubdtype(dt, jnp.inexact)
-
-
-def _params(prim: str, params: dict, invals: list) -> dict:
-    p: dict[str, Any] = {}
-    if prim in ("reduce_max", "reduce_min", "argmax", "argmin"):
-        p["axes"] = tuple(params.get("axes", ()))
-    elif prim == "sort":
-        p["dimension"] = params.get("dimension", -1)
-    elif prim == "top_k":
-        p["k"] = params.get("k")
-        ax = params.get("axis")
-        p["axis"] = -1 if ax is None else ax
-    elif prim in ("cummax", "cummin"):
-        p["axis"] = params.get("axis", 0)
-        p["reverse"] = params.get("reverse", False)
-        p["_min"] = prim == "cummin"
-    elif prim in ("reduce_window_max", "reduce_window_min"):
-        p.update(
-            {
-                k: params.get(k)
-                for k in (
-                    "window_dimensions",
-                    "window_strides",
-                    "padding",
-                    "base_dilation",
-                    "window_dilation",
-                )
-            }
-        )
-        p["_min"] = prim == "reduce_window_min"
-    elif prim == "convert_element_type":
-        p["to_bool"] = np.dtype(params["new_dtype"]) == np.bool_
-    return p
-
-
-def _is_boundary(eqn, invals: list) -> bool:
-    """Whether a comparison can sit on the boundary of a continuous function's pieces: integer
-    comparisons are discrete, and a value compared with itself (``isnan`` is ``x != x``) is
-    constant around every finite point."""
-    if not (_is_float(invals[0]) or _is_float(invals[1])):
-        return False
-    a, b = eqn.invars[0], eqn.invars[1]
-    return not (a is b and not isinstance(a, jcore.Literal))
 
 
 # -- the evaluator --------------------------------------------------------------------------
@@ -339,28 +264,8 @@ class KinkEval:
             self._library_kink(eqn, key, invals, deps, sub)
         return jaxpr, consts, sub
 
-    @staticmethod
-    def _library_operands(eqn, invals, deps, sub: Scope) -> tuple | None:
-        """(op, operands, deps) of a library call reported as one operation (jnp.clip,
-        jnp.hypot), in the catalog's operand order; None for any other call."""
-        lib = sub.library
-        if lib is None or eqn.primitive.name not in ("pjit", "jit"):
-            return None
-        entry = _catalog.for_library(lib)
-        if entry is None or entry.id not in LIBRARY_OPS:
-            return None
-        op = LIBRARY_OPS[entry.id]
-        if op == "clamp":
-            if len(invals) != 3:
-                return None
-            # jnp.clip(x, lo, hi) -> clamp(lo, x, hi)
-            return op, [invals[1], invals[0], invals[2]], (deps[1], deps[0], deps[2])
-        if len(invals) != 2:
-            return None
-        return op, list(invals), tuple(deps)
-
     def _library_kink(self, eqn, key, invals, deps, sub: Scope) -> None:
-        found = self._library_operands(eqn, invals, deps, sub)
+        found = library_operands(sub.library, eqn, invals, deps)
         if found is None:
             return
         op, operands, kdeps = found
@@ -460,7 +365,7 @@ class KinkEval:
     def _classify(self, eqn, key, invals, deps, outs, scope: Scope) -> None:
         name = eqn.primitive.name
         if name in COMPARISONS:
-            if not _is_boundary(eqn, invals):
+            if not is_boundary(eqn, invals):
                 return
             lhs, rhs = _np(invals[0]), _np(invals[1])
             with np.errstate(all="ignore"):
@@ -512,21 +417,12 @@ class KinkEval:
                 )
             )
             return
-        op = KINK_OPS.get(name)
+        op = kink_op(eqn, invals, deps)
         if op is None:
             return
-        if name == "convert_element_type":
-            new = np.dtype(eqn.params["new_dtype"])
-            if not _is_float(invals[0]) or new.kind not in "iub":
-                return
-        if name in ("sort",) and not deps[0]:
-            return
         operands = [_np(v) for v in invals]
-        params = _params(name, eqn.params, invals)
-        if name == "clamp":
-            hit = classify("clamp", operands, None, params)
-        else:
-            hit = classify(op, operands, None, params)
+        params = kink_params(name, eqn.params)
+        hit = classify(op, operands, None, params)
         if hit is None:
             return
         entry_id, kop = hit.entry_id, op
@@ -620,7 +516,7 @@ def random_directions(flat_args: list, owner: list, argnums, n: int, seed: int =
         key = jax.random.PRNGKey(seed + 7919 * j)
         ts = []
         for i, a in enumerate(flat_args):
-            if not _is_float(a) or (argnums is not None and owner[i] not in argnums):
+            if not is_float(a) or (argnums is not None and owner[i] not in argnums):
                 ts.append(None)
                 continue
             key, sub = jax.random.split(key)
@@ -719,7 +615,7 @@ def kink_findings(ev: KinkEval, per_dir: list[dict], ignore: Sequence[str] = ())
 def scan_kinks(fun: Callable, args: tuple, kwargs: dict):
     closed, flat_args, _ = trace(fun, args, kwargs)
     ev = KinkEval("scan")
-    deps = [_is_float(a) or np.asarray(a).dtype.kind in "iub" for a in flat_args]
+    deps = [is_float(a) or np.asarray(a).dtype.kind in "iub" for a in flat_args]
     ev.run_closed(closed, flat_args, deps)
     return closed, flat_args, ev
 

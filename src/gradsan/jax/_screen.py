@@ -17,7 +17,8 @@ from .._catalog._classify import classify, kink_mask
 from ._explain import arg_labels, check_args, flatten_call
 from ._guard import _host_flag
 from ._interpret import _closed, _np
-from ._sanitize import COMPARISONS, KINK_OPS, KinkEval, Scope, _is_boundary, _is_float, _params
+from ._rules import COMPARISONS, is_boundary, is_float, kink_op, kink_params, library_operands
+from ._sanitize import KinkEval, Scope
 
 
 def _deps_of(jaxpr, in_deps: list) -> list:
@@ -123,7 +124,7 @@ class _Screen(KinkEval):
         return self.run(jaxpr, consts, [False] * len(consts), args, deps, sub)
 
     def _library_kink(self, eqn, key, invals, deps, sub: Scope) -> None:
-        found = self._library_operands(eqn, invals, deps, sub)
+        found = library_operands(sub.library, eqn, invals, deps)
         if found is not None:
             op, operands, _ = found
             self._add(jnp.sum(kink_mask(op, [jnp.asarray(o) for o in operands], {}, xp=jnp)))
@@ -131,7 +132,7 @@ class _Screen(KinkEval):
     def _classify(self, eqn, key, invals, deps, outs, scope: Scope) -> None:
         name = eqn.primitive.name
         if name in COMPARISONS:  # a boundary only once a select with live cases uses it
-            if _is_boundary(eqn, invals):
+            if is_boundary(eqn, invals):
                 self.cmps[id(outs[0])] = (outs[0], jnp.asarray(invals[0]) == jnp.asarray(invals[1]))
             return
         if name == "select_n":
@@ -139,15 +140,10 @@ class _Screen(KinkEval):
             if c is not None and c[0] is invals[0] and any(deps[1:]):
                 self._add(jnp.sum(c[1]))
             return
-        op = KINK_OPS.get(name)
+        op = kink_op(eqn, invals, deps)
         if op is None:
             return
-        if name == "convert_element_type":
-            if not _is_float(invals[0]) or np.dtype(eqn.params["new_dtype"]).kind not in "iub":
-                return
-        if name == "sort" and not deps[0]:
-            return
-        params = _params(name, eqn.params, invals)
+        params = kink_params(name, eqn.params)
         operands = [jnp.asarray(v) for v in invals]
         m = kink_mask(op, operands, params, xp=jnp)
         if m is not None:
@@ -282,7 +278,7 @@ class _Screener:
             closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
             out_tree[0] = jax.tree_util.tree_structure(shape)
             ev = _Screen()
-            deps = [_is_float(a) or jnp.asarray(a).dtype.kind in "iub" for a in flat]
+            deps = [is_float(a) or jnp.asarray(a).dtype.kind in "iub" for a in flat]
             outs, _ = ev.run_closed(closed, list(flat), deps)
             return outs, ev.count
 

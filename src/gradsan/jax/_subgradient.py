@@ -28,11 +28,11 @@ from .. import _catalog
 from .._report import Finding, Report
 from .._report._build import catalog_finding
 from ._explain import check_callable
+from ._rules import is_float
 from ._sanitize import (
     Kink,
     KinkEval,
     _bind,
-    _is_float,
     _leaf_owner,
     read_tangents,
     scan_kinks,
@@ -367,7 +367,7 @@ def subgradient(
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Report]:
         closed, flat_args, ev = scan_kinks(fun, args, kwargs)
         owner = _leaf_owner(args, kwargs)
-        diff = [i for i, a in enumerate(flat_args) if owner[i] in nums and _is_float(a)]
+        diff = [i for i, a in enumerate(flat_args) if owner[i] in nums and is_float(a)]
         rk = jax.random.PRNGKey(0) if key is None else key
         v: list = [None] * len(flat_args)
         for i in diff:
