@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._catalog._classify import _windows, format_value
-from ._interpret import _np
-from ._interpret import bind_eqn as _bind
+from ._compat import bind as _bind
+from .interpreter import to_numpy as _np
 
 if TYPE_CHECKING:
     from ._sanitize import Kink

@@ -27,12 +27,16 @@ from .. import _catalog
 from .._catalog._classify import classify, format_value
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
+from ._call import check_callable, flatten_call
+from ._compat import bind as _bind
+from ._compat import closed as _closed
 from ._conventions import convention, trivial_mask
-from ._explain import check_callable, diagnose, flatten_call
-from ._interpret import _closed, _is_library_body, _library_name, _np
-from ._interpret import bind_eqn as _bind
+from ._explain import diagnose
 from ._rules import COMPARISONS, is_boundary, is_float, kink_op, kink_params, library_operands
 from ._source import exclude_gradsan, place
+from .interpreter._core import _is_library_body
+from .interpreter._core import library_name as _library_name
+from .interpreter._core import to_numpy as _np
 
 exclude_gradsan()
 

@@ -14,11 +14,12 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .._catalog._classify import classify, kink_mask
-from ._explain import arg_labels, check_args, flatten_call
+from ._call import arg_labels, check_args, flatten_call
+from ._compat import closed as _closed
 from ._guard import _host_flag
-from ._interpret import _closed, _np
 from ._rules import COMPARISONS, is_boundary, is_float, kink_op, kink_params, library_operands
 from ._sanitize import KinkEval, Scope
+from .interpreter import to_numpy as _np
 
 
 def _deps_of(jaxpr, in_deps: list) -> list:
