@@ -15,7 +15,7 @@ C = 0.5
 
 def screen(fun, *args, **kwargs):
     """(outputs, kinks, nonfinite) from the screen itself, with no fallback."""
-    return _screen._Screener(fun)(args, kwargs)
+    return _screen.Screener(fun)(args, kwargs)
 
 
 def full_kinks(fun, *args):
@@ -89,7 +89,7 @@ def test_clean_mlp_is_answered_by_the_screen_and_cached():
     x = jax.random.normal(jax.random.PRNGKey(1), (5, 8))
     y = jax.nn.one_hot(jnp.arange(5) % 4, 4)
     g = jax.grad(_mlp_loss)
-    sc = _screen._Screener(g)
+    sc = _screen.Screener(g)
     outs, n, bad = sc((params, x, y), {})
     assert (n, bad) == (0, False)
     want = g(params, x, y)
@@ -107,7 +107,7 @@ def test_nonfinite_goes_to_explain():
 
 def test_jitted_with_static_argument():
     f = jax.jit(lambda x, k: jnp.abs(x) * k, static_argnums=1)
-    sc = _screen._Screener(f)
+    sc = _screen.Screener(f)
     assert sc((jnp.float32(0.0), 2), {})[1] > 0
     assert sc((jnp.float32(1.0), 2), {})[1] == 0
     assert sc((jnp.float32(1.0), 5), {})[0] == 5.0

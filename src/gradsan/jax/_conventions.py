@@ -4,7 +4,7 @@ candidates move together along a direction (a trivial tie: the gradient is exact
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +127,7 @@ def _at(a: Any, idx: tuple, shape: tuple) -> Any:
 
 def _jvp_wrt(eqn, invals: list, i: int) -> list[np.ndarray]:
     """Output tangents of one primitive when operand ``i`` moves by ones."""
-    ts = [None] * len(invals)
+    ts: list[Any] = [None] * len(invals)
     ts[i] = jnp.ones_like(invals[i])
 
     def f(x):
@@ -166,6 +166,7 @@ def _fmt(v: Any) -> str:
 
 def convention(k: Kink) -> dict[str, Any]:
     """The value JAX's rule returned at the first hit, whether it is admissible, and notes."""
+    invals = cast(list, k.invals)  # None only for a where, which does not read it
     idx = k.index
     shape = k.mask.shape
     op = k.op
@@ -178,14 +179,14 @@ def convention(k: Kink) -> dict[str, Any]:
                 op == "relu"
                 and custom is not None
                 and len(custom[1]) == 1
-                and np.shape(custom[1][0]) == np.shape(k.invals[i])
+                and np.shape(custom[1][0]) == np.shape(invals[i])
             ):
                 val = _at(_jvp_wrt(custom[0], list(custom[1]), 0)[0], idx, shape)
                 d["rule"] = "the custom_jvp rule of the enclosing function (jax.nn.relu)"
             elif op == "trunc":
                 val = 0.0
             else:
-                val = _at(_jvp_wrt(k.eqn, k.invals, i)[0], idx, shape)
+                val = _at(_jvp_wrt(k.eqn, invals, i)[0], idx, shape)
             d["value"] = _fmt(val)
             if op == "abs":
                 d["admissible"] = bool(-1 <= val <= 1)
@@ -199,7 +200,7 @@ def convention(k: Kink) -> dict[str, Any]:
                     "which is no subgradient"
                 )
         elif op in ("max", "min"):
-            vals = [float(_at(_jvp_wrt(k.eqn, k.invals, i)[0], idx, shape)) for i in (0, 1)]
+            vals = [float(_at(_jvp_wrt(k.eqn, invals, i)[0], idx, shape)) for i in (0, 1)]
             d["value"] = "(" + ", ".join(_fmt(v) for v in vals) + ")"
             if k.deps[0] and k.deps[1]:
                 d["admissible"] = bool(min(vals) >= 0 and abs(sum(vals) - 1) <= 1e-3)
@@ -207,19 +208,19 @@ def convention(k: Kink) -> dict[str, Any]:
                 v = vals[0] if k.deps[0] else vals[1]
                 d["admissible"] = bool(0 <= v <= 1)
         elif op == "clamp":
-            if k.invals is not None and len(k.invals) == 3 and k.eqn.primitive.name == "clamp":
-                val = float(_at(_jvp_wrt(k.eqn, k.invals, 1)[0], idx, shape))
+            if invals is not None and len(invals) == 3 and k.eqn.primitive.name == "clamp":
+                val = float(_at(_jvp_wrt(k.eqn, invals, 1)[0], idx, shape))
             else:  # jnp.clip(x, lo, hi): the library call, x is its first operand
-                val = float(_at(_jvp_wrt(k.eqn, k.invals, 0)[0], idx, shape))
+                val = float(_at(_jvp_wrt(k.eqn, invals, 0)[0], idx, shape))
             d["value"] = f"d/dx = {_fmt(val)}"
             d["admissible"] = bool(0 <= val <= 1)
         elif op == "hypot":
-            g = [float(_at(_jvp_wrt(k.eqn, k.invals, i)[0], idx, shape)) for i in (0, 1)]
-            d["value"] = f"({_fmt(g[0])}, {_fmt(g[1])})"
-            d["admissible"] = bool(np.hypot(*g) <= 1 + 1e-6)
+            gs = [float(_at(_jvp_wrt(k.eqn, invals, i)[0], idx, shape)) for i in (0, 1)]
+            d["value"] = f"({_fmt(gs[0])}, {_fmt(gs[1])})"
+            d["admissible"] = bool(np.hypot(gs[0], gs[1]) <= 1 + 1e-6)
         elif op == "atan2":
-            g = [float(_at(_jvp_wrt(k.eqn, k.invals, i)[0], idx, shape)) for i in (0, 1)]
-            d["value"] = f"({_fmt(g[0])}, {_fmt(g[1])})"
+            gs = [float(_at(_jvp_wrt(k.eqn, invals, i)[0], idx, shape)) for i in (0, 1)]
+            d["value"] = f"({_fmt(gs[0])}, {_fmt(gs[1])})"
             d["admissible"] = False
             d["note"] = "atan2 is discontinuous at the origin: no value is a subgradient"
         elif op in (
@@ -230,7 +231,7 @@ def convention(k: Kink) -> dict[str, Any]:
             "cummax",
             "cummin",
         ):
-            g = _vjp_onehot(k.eqn, k.invals, 0, idx)
+            g = _vjp_onehot(k.eqn, invals, 0, idx)
             tied = _tied_inputs(k, idx)
             w = g[tied]
             d["value"] = "[" + ", ".join(_fmt(v) for v in w[:8]) + "] on the tied elements"
@@ -238,7 +239,7 @@ def convention(k: Kink) -> dict[str, Any]:
                 np.all(w >= -1e-6) and abs(w.sum() - 1) <= 1e-3 and np.all(np.abs(g[~tied]) <= 1e-6)
             )
         elif op in ("argmax", "argmin"):
-            out = _np(_bind(k.eqn, k.invals)[0])
+            out = _np(_bind(k.eqn, invals)[0])
             d["value"] = f"index {int(_at(out, idx, shape))} (the first of the tied elements)"
             d["admissible"] = True
             d["note"] = (
@@ -250,7 +251,7 @@ def convention(k: Kink) -> dict[str, Any]:
         elif op == "where":
             pred = _at(k.pred, idx, shape)
             sel = int(pred)
-            cases = [_at(c, idx, shape) for c in k.cases]
+            cases = [_at(c, idx, shape) for c in cast(list, k.cases)]
             d["value"] = f"the derivative of the branch the comparison selected (case {sel})"
             agree = bool(np.all([c == cases[0] for c in cases]))
             d["admissible"] = agree
@@ -318,9 +319,10 @@ def _tied_inputs(k: Kink, idx: tuple) -> np.ndarray:
 
 def _sort_convention(k: Kink, idx: tuple) -> dict[str, Any]:
     x = k.operands[0]
+    invals = cast(list, k.invals)
     axis = k.params.get("dimension", k.params.get("axis", -1)) % x.ndim
     v = x[idx]
-    outs = [_np(o) for o in _bind(k.eqn, k.invals)]
+    outs = [_np(o) for o in _bind(k.eqn, invals)]
     vals = outs[0]
     # the first output position along the axis holding the tied value
     line = [slice(None) if a == axis else i for a, i in enumerate(idx)]
@@ -328,7 +330,7 @@ def _sort_convention(k: Kink, idx: tuple) -> dict[str, Any]:
     if len(pos) == 0:
         return {"value": "n/a", "admissible": True}
     oidx = tuple(int(pos[0]) if a == axis else i for a, i in enumerate(idx))
-    g = _vjp_onehot(k.eqn, k.invals, 0, oidx)
+    g = _vjp_onehot(k.eqn, invals, 0, oidx)
     tied = np.zeros(x.shape, bool)
     lsel = tuple(slice(None) if a == axis else slice(i, i + 1) for a, i in enumerate(idx))
     tied[lsel] = True

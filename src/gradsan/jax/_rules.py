@@ -12,6 +12,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .. import _catalog
+from .interpreter._core import _is_library_body, library_name
 
 # lax primitive name -> canonical op name understood by gradsan._catalog._classify
 PRIMITIVE_OPS: dict[str, str] = {
@@ -139,6 +140,19 @@ def is_boundary(eqn: Any, invals: list) -> bool:
         return False
     a, b = eqn.invars[0], eqn.invars[1]
     return not (a is b and not isinstance(a, jcore.Literal))
+
+
+def call_library(eqn: Any, jaxpr: Any) -> str | None:
+    """The library function a jit's body implements (``jnp.clip``), as sanitize names it: only
+    jit calls are named (a custom_jvp body stays unnamed), None for user code."""
+    name = eqn.primitive.name
+    if name not in ("pjit", "jit") or not _is_library_body(jaxpr):
+        return None
+    fname = str(eqn.params.get("name", name))
+    lib = library_name(jaxpr, fname)
+    if lib is None and fname in ("clip", "hypot"):
+        lib = f"jnp.{fname}"
+    return lib
 
 
 def library_operands(library: str | None, eqn: Any, invals: list, deps: list) -> tuple | None:

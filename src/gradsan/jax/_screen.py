@@ -1,12 +1,17 @@
 """The compiled screen of gradsan.jax.sanitize: the program traced once under ``jax.jit`` with
 one int32 beside its outputs, the number of elements that sat on a kink, tie or jump. A clean
-step (no kink, finite outputs) costs about one plain step and needs no interpreter."""
+step (no kink, finite outputs) costs about one plain step and needs no interpreter.
+
+The screen runs on the interpreter core with the same kink decisions as sanitize's
+:class:`~gradsan.jax._sanitize.KinkEval` (:mod:`gradsan.jax._rules`, the catalog's masks); its
+rules for cond, scan and while re-emit the control flow with the count carried.
+"""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -14,11 +19,21 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .._catalog._classify import classify, kink_mask
+from . import _compat
 from ._call import arg_labels, check_args, flatten_call
+from ._compat import bind as _bind
 from ._compat import closed as _closed
 from ._guard import _host_flag
-from ._rules import COMPARISONS, is_boundary, is_float, kink_op, kink_params, library_operands
-from ._sanitize import KinkEval, Scope
+from ._rules import (
+    COMPARISONS,
+    call_library,
+    is_boundary,
+    is_float,
+    kink_op,
+    kink_params,
+    library_operands,
+)
+from .interpreter import Interpreter, Rule, Scope
 from .interpreter import to_numpy as _np
 
 
@@ -45,30 +60,39 @@ def _carry_fixpoint(jaxpr, fixed: list, carry: list, rest: list, n_out_carry_at:
         kd = new
 
 
-def _host_count(op: str, params: dict, *operands: Any) -> np.ndarray:
+def _host_count(op: str, params: dict, *operands: Any) -> np.int32:
     hit = classify(op, [_np(o) for o in operands], None, params)
     return np.int32(0 if hit is None else hit.count)
 
 
-class _Screen(KinkEval):
-    """KinkEval traced under ``jax.jit``: instead of recording kinks, it adds up how many
-    elements sat on a kink, tie or jump (or a select's comparison held with equality) into one
-    int32 that the compiled program returns beside the outputs. The decision is the same as
-    KinkEval's (the masks are the catalog's, computed with jax.numpy; sorts, cumulative
-    extremes, pooling and eigensolvers call the catalog's numpy predicate on the host), and
-    where it differs it counts more (dependence is over-approximated across calls and loops),
-    so it never says 0 where KinkEval would record something. Loops and conds are re-emitted
-    with the count carried."""
+class _Screen(Interpreter):
+    """KinkEval's decisions traced under ``jax.jit``: instead of recording kinks, it adds up
+    how many elements sat on a kink, tie or jump (or a select's comparison held with equality)
+    into one int32 that the compiled program returns beside the outputs. The decision is the
+    same as KinkEval's (the masks are the catalog's, computed with jax.numpy; sorts,
+    cumulative extremes, pooling and eigensolvers call the catalog's numpy predicate on the
+    host), and where it differs it counts more (dependence is over-approximated across calls
+    and loops), so it never says 0 where KinkEval would record something. The sidecar is
+    whether a value depends on the inputs."""
 
-    def __init__(self):
-        super().__init__("screen")
+    rules: ClassVar[dict[Any, Rule]] = {}  # filled below: cond, scan and while re-emitted
+
+    def __init__(self) -> None:
+        super().__init__()
         self.count = jnp.int32(0)
+        self.cmps: dict[int, tuple] = {}  # id(bool output) -> (output, equality mask)
         self._fns: dict = {}
 
-    def _add(self, n) -> None:
+    def literal_side(self, value: Any) -> bool:
+        return False
+
+    def const_side(self, value: Any, label: str) -> bool:
+        return False
+
+    def _add(self, n: Any) -> None:
         self.count = self.count + jnp.asarray(n, jnp.int32)
 
-    def _nested(self, fn: Callable, *a):
+    def nested(self, fn: Callable, *a: Any) -> tuple[Any, Any]:
         """Run ``fn`` with a fresh count (a loop or branch body); returns (result, count)."""
         saved, self.count = self.count, jnp.int32(0)
         try:
@@ -77,38 +101,55 @@ class _Screen(KinkEval):
         finally:
             self.count = saved
 
-    def eqn(self, eqn, key, invals, deps, scope: Scope):
-        name = eqn.primitive.name
-        if name == "cond":
-            return self._screen_cond(eqn, key, invals, deps, scope)
-        if name == "scan":
-            return self._screen_scan(eqn, key, invals, deps, scope)
-        if name == "while":
-            return self._screen_while(eqn, key, invals, deps, scope)
-        return super().eqn(eqn, key, invals, deps, scope)
+    def first_order(
+        self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
+    ) -> tuple[list, list]:
+        outs = _bind(eqn, invals)
+        if any(insides) and not _compat.is_backward(eqn, scope.backward):
+            self._classify(eqn, invals, insides, outs)
+        return outs, [any(insides)] * len(outs)
 
-    def _call(self, eqn, key, invals, deps, scope):
+    def call(
+        self,
+        eqn: Any,
+        jaxpr: Any,
+        consts: list,
+        invals: list,
+        insides: list,
+        scope: Scope,
+        key: tuple,
+    ) -> tuple[list, list]:
         """A call stays a call: one jitted screen per (body, dependence, phase), so the 200
         identical layer calls of a deep net compile once, as in the plain program. Comparison
         results passed in keep their equality masks (jnp.where compares outside its call)."""
-        jaxpr, consts, sub = self._enter_call(eqn, key, invals, deps, scope)
-        pos, masks = self._cmp_inputs(invals)
-        sig = (id(jaxpr), tuple(deps), sub.backward, sub.summarized, pos)
+        name = str(eqn.params.get("name", eqn.primitive.name))
+        sub = self.sub_scope(eqn, scope, key, f"{eqn.primitive.name}[{name}]")
+        if sub.library is None:
+            sub.library = call_library(eqn, jaxpr)
+        if not sub.backward and any(insides):
+            found = library_operands(sub.library, eqn, invals, insides)
+            if found is not None:  # jnp.clip, jnp.hypot: the call is the operation
+                op, operands, _ = found
+                m = kink_mask(op, [jnp.asarray(o) for o in operands], {}, xp=jnp)
+                assert m is not None  # clamp and hypot have masks
+                self._add(jnp.sum(m))
+        pos, masks = self.cmp_inputs(invals)
+        sig = (id(jaxpr), tuple(insides), sub.backward, pos)
         cached = self._fns.get(sig)
         if cached is None or cached[1] is not jaxpr:
 
-            def body(ops, masks, jaxpr=jaxpr, consts=consts, sub=sub, deps=tuple(deps), pos=pos):
-                (outs, _), n = self._nested(
-                    self._run_with, jaxpr, consts, list(ops), list(deps), sub, pos, masks
+            def body(ops, masks, jaxpr=jaxpr, consts=consts, sub=sub, deps=tuple(insides)):
+                (outs, _), n = self.nested(
+                    self.run_with, jaxpr, consts, list(ops), list(deps), sub, pos, masks
                 )
                 return list(outs), n
 
             cached = self._fns[sig] = (jax.jit(body), jaxpr)
         outs, n = cached[0](list(invals), masks)
         self._add(n)
-        return outs, _deps_of(jaxpr, list(deps))
+        return outs, _deps_of(jaxpr, list(insides))
 
-    def _cmp_inputs(self, vals: list) -> tuple[tuple, list]:
+    def cmp_inputs(self, vals: list) -> tuple[tuple, list]:
         """Positions of ``vals`` that are comparison results, and their equality masks."""
         pos, masks = [], []
         for i, v in enumerate(vals):
@@ -118,19 +159,15 @@ class _Screen(KinkEval):
                 masks.append(c[1])
         return tuple(pos), masks
 
-    def _run_with(self, jaxpr, consts, args, deps, sub, pos, masks):
+    def run_with(
+        self, jaxpr: Any, consts: list, args: list, deps: list, sub: Scope, pos: tuple, masks: list
+    ) -> tuple[list, list]:
         """``run`` on a body whose inputs at ``pos`` are comparison results (new tracers)."""
         for i, m in zip(pos, masks):
             self.cmps[id(args[i])] = (args[i], m)
         return self.run(jaxpr, consts, [False] * len(consts), args, deps, sub)
 
-    def _library_kink(self, eqn, key, invals, deps, sub: Scope) -> None:
-        found = library_operands(sub.library, eqn, invals, deps)
-        if found is not None:
-            op, operands, _ = found
-            self._add(jnp.sum(kink_mask(op, [jnp.asarray(o) for o in operands], {}, xp=jnp)))
-
-    def _classify(self, eqn, key, invals, deps, outs, scope: Scope) -> None:
+    def _classify(self, eqn: Any, invals: list, deps: list, outs: list) -> None:
         name = eqn.primitive.name
         if name in COMPARISONS:  # a boundary only once a select with live cases uses it
             if is_boundary(eqn, invals):
@@ -158,93 +195,112 @@ class _Screen(KinkEval):
                 )
             )
 
-    def _screen_cond(self, eqn, key, invals, deps, scope):
-        odeps: list = [False] * len(eqn.outvars)
-        pos, masks = self._cmp_inputs(invals[1:])
 
-        def branch(i: int):
-            jaxpr, consts = _closed(eqn.params["branches"][i])
-            sub = self._sub(eqn, scope, (*key, i))
+# -- cond, scan and while, re-emitted with the count carried ----------------------------------
 
-            def run(ops, masks):
-                (outs, od), n = self._nested(
-                    self._run_with, jaxpr, consts, list(ops), list(deps[1:]), sub, pos, masks
-                )
-                odeps[:] = [a or b for a, b in zip(odeps, od)]
-                return list(outs), n
 
-            return run
+def _cond_rule(
+    sc: _Screen, eqn: Any, invals: list, deps: list, scope: Scope, key: tuple
+) -> tuple[list, list]:
+    odeps: list = [False] * len(eqn.outvars)
+    pos, masks = sc.cmp_inputs(invals[1:])
 
-        outs, n = jax.lax.switch(
-            invals[0],
-            [branch(i) for i in range(len(eqn.params["branches"]))],
-            list(invals[1:]),
-            masks,
+    def branch(i: int) -> Callable:
+        jaxpr, consts = _closed(eqn.params["branches"][i])
+        sub = sc.sub_scope(eqn, scope, (*key, i), f"cond[{i}]")
+
+        def run(ops, masks):
+            (outs, od), n = sc.nested(
+                sc.run_with, jaxpr, consts, list(ops), list(deps[1:]), sub, pos, masks
+            )
+            odeps[:] = [a or b for a, b in zip(odeps, od)]
+            return list(outs), n
+
+        return run
+
+    outs, n = jax.lax.switch(
+        invals[0],
+        [branch(i) for i in range(len(eqn.params["branches"]))],
+        list(invals[1:]),
+        masks,
+    )
+    sc._add(n)
+    return outs, odeps
+
+
+def _scan_rule(
+    sc: _Screen, eqn: Any, invals: list, deps: list, scope: Scope, key: tuple
+) -> tuple[list, list]:
+    p = eqn.params
+    jaxpr, jconsts = _closed(p["jaxpr"])
+    nc, nk = p["num_consts"], p["num_carry"]
+    consts, carry, xs = invals[:nc], list(invals[nc : nc + nk]), list(invals[nc + nk :])
+    cd, xd = list(deps[:nc]), list(deps[nc + nk :])
+    kd = _carry_fixpoint(jaxpr, cd, list(deps[nc : nc + nk]), xd)
+    sub = sc.sub_scope(eqn, scope, (*key, "i"), "scan")
+    yd: list = [False] * (len(jaxpr.outvars) - nk)
+
+    def body(c, x):
+        carry, n = c
+        (outs, od), m = sc.nested(
+            sc.run,
+            jaxpr,
+            jconsts,
+            [False] * len(jconsts),
+            [*consts, *carry, *x],
+            [*cd, *kd, *xd],
+            sub,
         )
-        self._add(n)
-        return outs, odeps
+        yd[:] = [a or b for a, b in zip(yd, od[nk:])]
+        return (list(outs[:nk]), n + m), list(outs[nk:])
 
-    def _screen_scan(self, eqn, key, invals, deps, scope):
-        p = eqn.params
-        jaxpr, jconsts = _closed(p["jaxpr"])
-        nc, nk = p["num_consts"], p["num_carry"]
-        consts, carry, xs = invals[:nc], list(invals[nc : nc + nk]), list(invals[nc + nk :])
-        cd, xd = list(deps[:nc]), list(deps[nc + nk :])
-        kd = _carry_fixpoint(jaxpr, cd, list(deps[nc : nc + nk]), xd)
-        sub = self._sub(eqn, scope, (*key, "i"))
-        yd: list = [False] * (len(jaxpr.outvars) - nk)
+    (carry, n), ys = jax.lax.scan(
+        body, (carry, jnp.int32(0)), xs, length=p["length"], reverse=p.get("reverse", False)
+    )
+    sc._add(n)
+    return [*carry, *ys], [*kd, *yd]
 
-        def body(c, x):
-            carry, n = c
-            (outs, od), m = self._nested(
-                self.run,
-                jaxpr,
-                jconsts,
-                [False] * len(jconsts),
-                [*consts, *carry, *x],
-                [*cd, *kd, *xd],
-                sub,
-            )
-            yd[:] = [a or b for a, b in zip(yd, od[nk:])]
-            return (list(outs[:nk]), n + m), list(outs[nk:])
 
-        (carry, n), ys = jax.lax.scan(
-            body, (carry, jnp.int32(0)), xs, length=p["length"], reverse=p.get("reverse", False)
+def _while_rule(
+    sc: _Screen, eqn: Any, invals: list, deps: list, scope: Scope, key: tuple
+) -> tuple[list, list]:
+    p = eqn.params
+    cj, cc = _closed(p["cond_jaxpr"])
+    bj, bc = _closed(p["body_jaxpr"])
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
+    cdeps, bdeps = list(deps[:nc]), list(deps[nc : nc + nb])
+    kd = _carry_fixpoint(bj, bdeps, list(deps[nc + nb :]), [])
+    csub = sc.sub_scope(eqn, scope, (*key, "c"), "while")
+    bsub = sc.sub_scope(eqn, scope, (*key, "b"), "while")
+
+    def test(carry):
+        (pred, _), n = sc.nested(
+            sc.run, cj, cc, [False] * len(cc), [*cconsts, *carry], [*cdeps, *kd], csub
         )
-        self._add(n)
-        return [*carry, *ys], [*kd, *yd]
+        return pred[0], n
 
-    def _screen_while(self, eqn, key, invals, deps, scope):
-        p = eqn.params
-        cj, cc = _closed(p["cond_jaxpr"])
-        bj, bc = _closed(p["body_jaxpr"])
-        nc, nb = p["cond_nconsts"], p["body_nconsts"]
-        cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
-        cdeps, bdeps = list(deps[:nc]), list(deps[nc : nc + nb])
-        kd = _carry_fixpoint(bj, bdeps, list(deps[nc + nb :]), [])
-        csub = self._sub(eqn, scope, (*key, "c"))
-        bsub = self._sub(eqn, scope, (*key, "b"))
+    def body(c):
+        carry, n = c
+        _, m_test = test(carry)  # the test that let this iteration run
+        (outs, _), m = sc.nested(
+            sc.run, bj, bc, [False] * len(bc), [*bconsts, *carry], [*bdeps, *kd], bsub
+        )
+        return list(outs), n + m_test + m
 
-        def test(carry):
-            (pred, _), n = self._nested(
-                self.run, cj, cc, [False] * len(cc), [*cconsts, *carry], [*cdeps, *kd], csub
-            )
-            return pred[0], n
-
-        def body(c):
-            carry, n = c
-            _, m_test = test(carry)  # the test that let this iteration run
-            (outs, _), m = self._nested(
-                self.run, bj, bc, [False] * len(bc), [*bconsts, *carry], [*bdeps, *kd], bsub
-            )
-            return list(outs), n + m_test + m
-
-        carry, n = jax.lax.while_loop(lambda c: test(c[0])[0], body, (carry, jnp.int32(0)))
-        self._add(n + test(carry)[1])  # the final test, which ended the loop
-        return carry, kd
+    carry, n = jax.lax.while_loop(lambda c: test(c[0])[0], body, (carry, jnp.int32(0)))
+    sc._add(n + test(carry)[1])  # the final test, which ended the loop
+    return carry, kd
 
 
-class _Screener:
+_Screen.rules = {
+    _compat.cond_p: _cond_rule,
+    _compat.scan_p: _scan_rule,
+    _compat.while_p: _while_rule,
+}
+
+
+class Screener:
     """One compiled screen per argument structure: ``(outputs, kinks, nonfinite)`` where
     ``kinks`` counts the elements KinkEval could record and ``nonfinite`` says whether an
     output is NaN or Inf. A healthy program (both zero) needs nothing else: no interpreter,
@@ -286,7 +342,7 @@ class _Screener:
         return jax.jit(screened), out_tree
 
 
-def _screen_ok(fun: Callable, args: tuple, kwargs: dict) -> bool:
+def screen_ok(fun: Callable, args: tuple, kwargs: dict) -> bool:
     """Whether the arguments can go to the compiled screen as they are (bad ones go to the
     full evaluation, which explains what is wrong with them)."""
     call = flatten_call(fun, args, kwargs)
