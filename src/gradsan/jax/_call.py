@@ -46,9 +46,8 @@ class FlatCall(NamedTuple):
 def flatten_call(
     fun: Callable, args: tuple, kwargs: dict, traced: Callable | None = None
 ) -> FlatCall:
-    info = getattr(fun, "_jit_info", None)
-    s_pos = set(getattr(info, "static_argnums", ()) or ())
-    s_names = set(getattr(info, "static_argnames", ()) or ())
+    static_nums, static_names = _compat.jit_statics(fun)
+    s_pos, s_names = set(static_nums), set(static_names)
     dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
     dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
     flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
@@ -136,13 +135,17 @@ def output_labels(
         starts.append(starts[-1] + len(tree.tree_leaves(a)))
     per_arg = [in_labels[starts[i] : starts[i + 1]] for i in range(len(args))]
 
+    def same(a: Any, b: Any) -> bool:
+        # jaxlib's stubs declare no PyTreeDef.__eq__; it compares structures
+        return bool(tree.tree_structure(a) == tree.tree_structure(b))  # type: ignore[operator]
+
     def grads_of(shape) -> list[tuple[str, str]] | None:
-        if args and tree.tree_structure(shape) == tree.tree_structure(args[0]):
+        if args and same(shape, args[0]):
             return [(lbl, "grad") for lbl in per_arg[0]]
         if (
             isinstance(shape, tuple)
             and 0 < len(shape) <= len(args)
-            and all(tree.tree_structure(s) == tree.tree_structure(a) for s, a in zip(shape, args))
+            and all(same(s, a) for s, a in zip(shape, args))
         ):  # argnums=(0, 1, ...)
             return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
         return None
@@ -165,7 +168,110 @@ def output_labels(
     return [(("output" + p) if p else "output", "output") for p in paths]
 
 
-# -- tracing, and tangents along directions -------------------------------------------------------
+# -- tracing ------------------------------------------------------------------------------------
+
+
+class Traced(NamedTuple):
+    """A traced call: the jaxpr of its array outputs, and every output leaf's place."""
+
+    closed: Any  # ClosedJaxpr over the flat arguments, returning the array output leaves only
+    out_shape: Any  # the full output pytree: ShapeDtypeStructs, and non-array leaves as returned
+    is_array: list[bool]  # per output leaf of out_shape: returned by the jaxpr
+
+
+def _is_array_leaf(x: Any) -> bool:
+    return isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray, np.generic)) or (
+        isinstance(x, (bool, int, float, complex))
+    )
+
+
+def _user_line(tb: Any) -> str | None:
+    """``file:line (function): source`` of the innermost frame of the user's code."""
+    import linecache
+
+    from ._source import _file_class
+
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _file_class(code.co_filename) == "user":
+            found = (code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    file, line, func = found
+    text = linecache.getline(file, line).strip()
+    return f"{file}:{line} ({func})" + (f": `{text}`" if text else "")
+
+
+def check_not_traced(flat_args: list, who: str) -> None:
+    """gradsan interprets concrete values: it runs outside jit/vmap/grad, not inside them."""
+    if any(isinstance(a, jax.core.Tracer) for a in flat_args):
+        raise UsageError(
+            f"gradsan.jax.{who} was called inside a JAX transformation (jit, vmap, grad, scan "
+            "...): its arguments are tracers, not values. Call it outside, on the transformed "
+            f"function: gradsan.jax.{who}(jax.jit(step))(params, batch)"
+        )
+
+
+def trace_call(call: FlatCall, who: str) -> Traced:
+    """Trace ``call`` to a jaxpr, with a clear error for what JAX cannot trace.
+
+    Outputs JAX cannot carry (a string, a metrics dict holding names, a non-array ``has_aux``)
+    are kept aside and come back in ``out_shape`` as they were returned.
+    """
+    check_not_traced(call.flat, who)
+    box: dict[str, Any] = {}
+
+    def arrays_only(*leaves: Any) -> list:
+        out = call.fun(*leaves)
+        flat, tree = jax.tree_util.tree_flatten(out)
+        keep = [_is_array_leaf(x) for x in flat]
+        box["tree"], box["flat"], box["keep"] = tree, flat, keep
+        return [x for x, k in zip(flat, keep) if k]
+
+    errors = jax.errors
+    try:
+        closed, shapes = jax.make_jaxpr(arrays_only, return_shape=True)(*call.flat)
+    except (
+        errors.TracerBoolConversionError,
+        errors.ConcretizationTypeError,
+        errors.TracerIntegerConversionError,
+    ) as e:
+        where = _user_line(e.__traceback__)
+        at = f" at {where}" if where else ""
+        raise UsageError(
+            f"gradsan.jax.{who}: the function uses the value of a traced array in Python "
+            f"control flow or a conversion{at}. gradsan traces the function once, as jax.jit "
+            "does, so `if x > 0:`, `int(x)` or `float(x)` on an argument cannot be followed. "
+            "Use jnp.where(x > 0, a, b) or jax.lax.cond for the branch, or bind the value as "
+            "a static Python argument (functools.partial(fun, n=3))."
+        ) from e
+    except TypeError as e:
+        msg = str(e)
+        if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():
+            raise UsageError(
+                f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
+                "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
+            ) from e
+        if "scalar-output" in msg:
+            raise UsageError(
+                f"gradsan.jax.{who}: {msg.splitlines()[0]} Reduce the loss to a scalar first "
+                "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
+            ) from e
+        raise
+    if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+        raise UsageError(
+            f"gradsan.jax.{who}: the function closes over a value traced by an enclosing "
+            "transformation (it was created inside jit, vmap or grad). Call gradsan outside "
+            "that transformation, passing the value as an argument."
+        )
+    it = iter(shapes)
+    full = [next(it) if k else x for x, k in zip(box["flat"], box["keep"])]
+    return Traced(closed, jax.tree_util.tree_unflatten(box["tree"], full), list(box["keep"]))
+
+
+# -- sanitize's tracing, and tangents along directions -------------------------------------------
 
 
 def trace(fun: Callable, args: tuple, kwargs: dict) -> tuple[Any, list, Any]:

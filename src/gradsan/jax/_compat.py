@@ -7,8 +7,9 @@ higher-order primitives, name stacks, or the closures of ``jax.grad``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -25,8 +26,12 @@ __all__ = [
     "bind",
     "call_body",
     "closed",
+    "collective_primitive",
     "grad_info",
     "is_backward",
+    "is_jitted",
+    "mesh_context",
+    "jit_statics",
     "sub_backward",
 ]
 
@@ -35,10 +40,20 @@ __all__ = [
 cond_p = lax.cond_p
 scan_p = lax.scan_p
 while_p = lax.while_p
+shard_map_p: Any
 try:
     from jax._src.shard_map import shard_map_p  # private: the primitive is not exported
 except ImportError:  # pragma: no cover - another JAX layout
     shard_map_p = None
+
+
+def collective_primitive(name: str) -> Any:
+    """The Primitive of a collective (``psum``, ``all_gather``, ``pvary`` ...), or None."""
+    from jax._src import core as _core  # private: collectives are not exported
+    from jax._src.lax import parallel as _parallel
+
+    return getattr(_parallel, f"{name}_p", None) or getattr(_core, f"{name}_p", None)
+
 
 # Higher-order primitives whose body runs per device (per-block shapes, named axes): they are
 # never entered as a plain call. Their own rules (if any) live with each transformation.
@@ -117,6 +132,45 @@ def is_backward(eqn: Any, outer: bool) -> bool:
     if "rematted_computation" in ns:
         return False
     return outer or "transpose" in ns
+
+
+# -- meshes -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def mesh_context(values: Sequence) -> Iterator[None]:
+    """The mesh of arrays sharded over explicit mesh axes, set while gradsan evaluates their
+    program equation by equation (JAX binds such equations only inside ``jax.set_mesh``)."""
+    mesh = None
+    for v in values:
+        m = getattr(getattr(v, "sharding", None), "mesh", None)
+        types = getattr(m, "axis_types", ()) or ()
+        if any(str(t).endswith("Explicit") for t in types):
+            mesh = m
+            break
+    set_mesh = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+    if mesh is None or set_mesh is None:
+        yield
+        return
+    with set_mesh(mesh):
+        yield
+
+
+# -- jax.jit -------------------------------------------------------------------------------------
+
+
+def is_jitted(fun: Any) -> bool:
+    """Whether ``fun`` is a ``jax.jit`` function object."""
+    return getattr(fun, "_jit_info", None) is not None
+
+
+def jit_statics(fun: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(static_argnums, static_argnames) of a ``jax.jit`` function; empty for anything else."""
+    info = getattr(fun, "_jit_info", None)  # private: jit's options, read-only here
+    return (
+        tuple(getattr(info, "static_argnums", ()) or ()),
+        tuple(getattr(info, "static_argnames", ()) or ()),
+    )
 
 
 # -- jax.grad and jax.value_and_grad, recognised without reading docstrings ----------------------

@@ -13,14 +13,21 @@ import numpy as np
 
 from .. import _catalog
 from .._catalog._classify import classify, format_value
-from .._errors import UsageError
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import catalog_finding
 from . import _compat, _rules
 from . import _numpy_impl as _numpy
-from ._call import arg_labels, check_args, check_callable, flatten_call, output_labels
+from ._call import (
+    arg_labels,
+    check_args,
+    check_callable,
+    flatten_call,
+    output_labels,
+    trace_call,
+)
 from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
 from .interpreter import UNROLL, Interpreter, Scope, to_numpy
+from .interpreter._devices import enter_shard_map, holder
 
 exclude_gradsan()
 
@@ -83,6 +90,7 @@ class HitSummary:
     size: int
     index: tuple
     got: str
+    shape: tuple = ()
 
 
 def _status(x: Any) -> int:
@@ -116,7 +124,11 @@ def group_key(scope: Scope, pl: Place) -> tuple:
 def _shard_map_rule(
     interp: Provenance, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
 ) -> tuple[list, list]:
-    """shard_map and friends: run as one operation, attributed to the body's first user line."""
+    """shard_map (and pmap): the body per device where it can be entered; else one operation,
+    attributed to the body's first user line."""
+    entered = enter_shard_map(interp, eqn, invals, insides, scope, key)
+    if entered is not None:
+        return entered
     outvals, outsides = interp.first_order(eqn, invals, insides, scope, key)
     node = outsides[0][0] if outsides else None
     body = eqn.params.get("jaxpr")
@@ -153,12 +165,15 @@ class Provenance(Interpreter):
         self.hits_by_key: dict[tuple, list[Node]] = {}
         # group key -> seq of its first equation: the primal op comes before its derivative's
         self.group_first: dict[tuple, int] = {}
-        self._last_key: tuple | None = None
-        self._run = 0
+        self.arguments: list = []  # the flat arguments (their shardings name devices)
+        # per scope: the group key of its last equation, and the run it belongs to (scopes of
+        # the devices of a shard_map interleave, so runs are tracked per scope)
+        self._last: dict[int, tuple[tuple, int]] = {}
 
     def explain_closed(self, closed: Any, args: list, arg_labels: list[str]) -> tuple[list, list]:
+        self.arguments = list(args)
         top = Scope()
-        in_srcs = []
+        in_srcs: list[Src | None] = []
         for a, label in zip(args, arg_labels):
             st = _status(a)
             if st != FINITE:
@@ -183,7 +198,7 @@ class Provenance(Interpreter):
         return self.const_side(value, f"the literal {value}")
 
     def run(self, jaxpr, consts, const_sides, args, arg_sides, scope):  # type: ignore[override]
-        self._last_key = None
+        self._last.pop(scope.id, None)
         return super().run(jaxpr, consts, const_sides, args, arg_sides, scope)
 
     def stack_side(self, sides: list, scope: Scope) -> Src | None:
@@ -197,6 +212,14 @@ class Provenance(Interpreter):
         outvals = _numpy.evaluate(eqn, invals) if self.fast else None
         if outvals is None:
             outvals = _compat.bind(eqn, invals)
+        return self._record(eqn, invals, outvals, insides, scope)
+
+    def collective_side(self, eqn, ins_by_device, outvals, all_insides, scope, key):
+        # one device's result of a psum/all_gather/...: its inputs are every device's operands
+        invals = [v for vals, _ in ins_by_device for v in vals]
+        return self._record(eqn, invals, outvals, all_insides, scope)[1]
+
+    def _record(self, eqn, invals, outvals, insides, scope):
         status = tuple(_status(o) for o in outvals)
         pl = place(eqn.source_info)
         node = Node(
@@ -212,10 +235,10 @@ class Provenance(Interpreter):
         gk = group_key(scope, pl)
         self.group_first.setdefault(gk, node.seq)
         # a run: consecutive equations at one source position (a primal op, then its jvp rule)
-        if gk != self._last_key:
-            self._run = next(self._seq)
-            self._last_key = gk
-        node.run = self._run
+        last = self._last.get(scope.id)
+        if last is None or last[0] != gk:
+            last = self._last[scope.id] = (gk, next(self._seq))
+        node.run = last[1]
         if any(status):
             in_bad = [s is not None and s[0].status[s[1]] != FINITE for s in insides]
             in_nan = [s is not None and s[0].status[s[1]] == NAN for s in insides]
@@ -234,7 +257,12 @@ class Provenance(Interpreter):
                 )
                 if hit is not None:
                     node.hit = HitSummary(
-                        hit.entry_id, hit.count, int(hit.mask.size), hit.first_index, hit.got
+                        hit.entry_id,
+                        hit.count,
+                        int(hit.mask.size),
+                        hit.first_index,
+                        hit.got,
+                        tuple(np.shape(hit.mask)),
                     )
                     self.hits_by_key.setdefault(gk, []).append(node)
         return outvals, [(node, i) for i in range(len(outvals))]
@@ -317,7 +345,11 @@ def _forward_node(interp: Provenance, origin: Node) -> Node | None:
     the equations of its derivative rule). The primal op is the group's hit that does not
     itself consume another group member's output (the coefficient ``0.5 / sqrt(x)`` does).
     """
-    cands = interp.hits_by_key.get(group_key(origin.scope, origin.place)) if origin.place else None
+    cands = (
+        interp.hits_by_key.get(group_key(origin.scope, origin.place))
+        if origin.place is not None and origin.scope is not None
+        else None
+    )
     if cands:
         # a kink (a max tie among -inf logits) does not make a non-finite value
         cands = [c for c in cands if _entry_kind(c.hit.entry_id) != "kink"]
@@ -416,7 +448,7 @@ def _origin_finding(
     if origin.kind in ("input", "const"):
         a = origin.outs[0] if origin.outs else np.array(np.nan)
         bad = ~np.isfinite(a)
-        got = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
+        held = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
         label = f"`{origin.label}`" if origin.kind == "input" else origin.label
         f = catalog_finding(
             backend="jax",
@@ -424,22 +456,25 @@ def _origin_finding(
             phase="value",
             primitive="input" if origin.kind == "input" else "constant",
             where=None,
-            result=got,
+            result=held,
             count=int(bad.sum()),
             size=int(a.size),
             index=origin.first_bad,
             outputs=hits,
             detail={"input": origin.label},
         )
-        f.values = f"{label} holds {got} in {int(bad.sum())} of {a.size} elements" + (
+        f.values = f"{label} holds {held} in {int(bad.sum())} of {a.size} elements" + (
             f", first at {list(origin.first_bad)}" if origin.first_bad else ""
         )
         return f
     fwd = _forward_node(interp, origin)
     result = _result_word(origin)
-    lib = origin.library or (fwd.library if fwd is not None else None)
-    entry_id = None
-    got = count = size = index = None
+    lib: str | None = origin.library or (fwd.library if fwd is not None else None)
+    entry_id: str | None = None
+    got = None
+    count: int | None = None
+    size: int | None = None
+    index: tuple | None = None
     primitive = origin.prim
     if fwd is not None:
         h = fwd.hit
@@ -478,7 +513,11 @@ def _origin_finding(
             entry_id = lib_entry.id
     # a value, not a gradient, when the origin is a primal operation: not transposed, and the
     # first equation at its source position (a derivative rule's equations come after it)
-    first = interp.group_first.get(group_key(origin.scope, origin.place)) if origin.place else None
+    first = (
+        interp.group_first.get(group_key(origin.scope, origin.place))
+        if origin.place is not None and origin.scope is not None
+        else None
+    )
     value_phase = not origin.backward and (fwd is origin or (fwd is None and first == origin.seq))
     where = (fwd or origin).user_frame
     if (
@@ -534,6 +573,26 @@ def _origin_finding(
     ctx = origin.scope.context if origin.scope else ""
     if poison is not None and poison.scope is not None and poison.scope.context and not ctx:
         ctx = poison.scope.context
+    shard = origin.scope.shard if origin.scope is not None else None
+    if shard is not None:
+        detail["device"] = shard.device
+        detail["mesh_coordinate"] = dict(zip(shard.layout.names, shard.coord))
+        g = None
+        if fwd is not None and fwd.hit is not None and index:
+            g = shard.global_index(fwd.hit.shape, index)
+        elif origin.first_bad and origin.outs:
+            g = shard.global_index(np.shape(origin.outs[0]), origin.first_bad)
+        if g is not None:
+            detail["global_index"] = g
+            ctx = f"{ctx}, element {list(g)} of the global array"
+    elif fwd is not None and fwd.hit is not None and index:
+        # jit over sharded arguments: the device that holds the element
+        held = holder(interp.arguments, fwd.hit.shape, index)
+        if held is not None:
+            detail["device"], detail["mesh_coordinate"] = held
+            at = ", ".join(f"{k}={v}" for k, v in held[1].items())
+            where_dev = f"held by device {held[0]} ({at})"
+            ctx = f"{ctx}, {where_dev}" if ctx else where_dev
     shown = "nan" if any(h.nan for h in hits) else result
     f = catalog_finding(
         backend="jax",
@@ -623,24 +682,12 @@ def diagnose(
     check_args(leaves, labels, who)
     flat_args = call.flat
 
-    try:
-        closed, out_shape = jax.make_jaxpr(call.fun, return_shape=True)(*flat_args)
-    except TypeError as e:
-        msg = str(e)
-        if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
-                "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
-            ) from e
-        if "scalar-output" in msg:
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Reduce the loss to a scalar first "
-                "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
-            ) from e
-        raise
+    traced = trace_call(call, who)
     interp = Provenance()
-    outs, out_srcs = interp.explain_closed(closed, flat_args, labels)
-    out_labels = output_labels(fun, out_shape, args, labels)
+    with _compat.mesh_context(flat_args):
+        outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
+    every_label = output_labels(fun, traced.out_shape, args, labels)
+    out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
