@@ -84,6 +84,28 @@ def test_while_relu_tie_inside_the_loop():
     assert n == 0
 
 
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("jit", lambda x: jnp.where(jax.jit(lambda y: y > 0)(x), x, 2 * x).sum()),
+        (
+            "cond",
+            lambda x: jax.lax.cond(
+                x[1] > 0, lambda m, y: jnp.where(m, y, 2 * y), lambda m, y: y, x > 0, x
+            ).sum(),
+        ),
+    ],
+)
+def test_comparison_keeps_its_equality_mask_across_a_call_or_branch(name, f):
+    # the comparison is computed on one side of a call or branch, the select on the other
+    x = jnp.array([0.0, 1.0, -1.0])
+    assert full_kinks(f, x)
+    _, n, _ = screen(f, x)
+    assert n > 0, name
+    _, n, _ = screen(f, x + 0.25)
+    assert n == 0, name
+
+
 def test_clean_mlp_is_answered_by_the_screen_and_cached():
     params = _mlp(jax.random.PRNGKey(0), [8, 16, 16, 4])
     x = jax.random.normal(jax.random.PRNGKey(1), (5, 8))

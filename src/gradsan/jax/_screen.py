@@ -2,27 +2,26 @@
 one int32 beside its outputs, the number of elements that sat on a kink, tie or jump. A clean
 step (no kink, finite outputs) costs about one plain step and needs no interpreter.
 
-The screen runs on the interpreter core with the same kink decisions as sanitize's
-:class:`~gradsan.jax._sanitize.KinkEval` (:mod:`gradsan.jax._rules`, the catalog's masks); its
-rules for cond, scan and while re-emit the control flow with the count carried.
+The screen is a restaging interpreter on the shared core: the same kink decisions as
+sanitize's :class:`~gradsan.jax._sanitize.KinkEval` (:mod:`gradsan.jax._rules`, the catalog's
+masks), with cond, scan and while re-emitted by ``interpreter._restage`` and the count carried
+out of them as an accumulator; calls stay jitted calls.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jcore
 
 from .._catalog._classify import classify, kink_mask
 from . import _compat
 from ._call import arg_labels, check_args, flatten_call
 from ._compat import bind as _bind
-from ._compat import closed as _closed
 from ._guard import _host_flag
 from ._rules import (
     COMPARISONS,
@@ -33,31 +32,15 @@ from ._rules import (
     kink_params,
     library_operands,
 )
-from .interpreter import Interpreter, Rule, Scope
+from .interpreter import Scope
 from .interpreter import to_numpy as _np
+from .interpreter._restage import RESTAGE, Restaging, call_jit
 
-
-def _deps_of(jaxpr, in_deps: list) -> list:
-    """Which outputs of ``jaxpr`` depend on the inputs marked in ``in_deps`` (any input of an
-    equation taints all its outputs: an over-approximation of KinkEval's own tracking)."""
-    dep: dict = dict(zip(jaxpr.invars, in_deps))
-    for eqn in jaxpr.eqns:
-        d = any(dep.get(v, False) for v in eqn.invars if not isinstance(v, jcore.Literal))
-        for v in eqn.outvars:
-            dep[v] = d
-    return [False if isinstance(v, jcore.Literal) else dep.get(v, False) for v in jaxpr.outvars]
-
-
-def _carry_fixpoint(jaxpr, fixed: list, carry: list, rest: list, n_out_carry_at: int = 0) -> list:
-    """Dependence of a loop's carries: the initial one, joined with what the body makes of it
-    until nothing changes."""
-    kd = list(carry)
-    while True:
-        od = _deps_of(jaxpr, [*fixed, *kd, *rest])
-        new = [a or b for a, b in zip(kd, od[n_out_carry_at : n_out_carry_at + len(kd)])]
-        if new == kd:
-            return kd
-        kd = new
+# The sidecar of a value: (depends on the function's inputs, the equality mask when it is the
+# result of a comparison that can sit on a boundary, else None). Its signature is
+# (depends, has a mask); the mask is its one leaf.
+Side = tuple[bool, Any]
+_KINKS = "kinks"  # the accumulator
 
 
 def _host_count(op: str, params: dict, *operands: Any) -> np.int32:
@@ -65,49 +48,88 @@ def _host_count(op: str, params: dict, *operands: Any) -> np.int32:
     return np.int32(0 if hit is None else hit.count)
 
 
-class _Screen(Interpreter):
+class _Screen(Restaging):
     """KinkEval's decisions traced under ``jax.jit``: instead of recording kinks, it adds up
     how many elements sat on a kink, tie or jump (or a select's comparison held with equality)
     into one int32 that the compiled program returns beside the outputs. The decision is the
     same as KinkEval's (the masks are the catalog's, computed with jax.numpy; sorts,
     cumulative extremes, pooling and eigensolvers call the catalog's numpy predicate on the
-    host), and where it differs it counts more (dependence is over-approximated across calls
-    and loops), so it never says 0 where KinkEval would record something. The sidecar is
-    whether a value depends on the inputs."""
+    host), and where it differs it counts more (a loop's carry depends on the inputs if any
+    iteration's does), so it never says 0 where KinkEval would record something."""
 
-    rules: ClassVar[dict[Any, Rule]] = {}  # filled below: cond, scan and while re-emitted
+    rules = {**RESTAGE}
 
     def __init__(self) -> None:
         super().__init__()
-        self.count = jnp.int32(0)
-        self.cmps: dict[int, tuple] = {}  # id(bool output) -> (output, equality mask)
+        self.acc: dict[Hashable, Any] = {}
         self._fns: dict = {}
 
-    def literal_side(self, value: Any) -> bool:
-        return False
-
-    def const_side(self, value: Any, label: str) -> bool:
-        return False
+    @property
+    def count(self) -> Any:
+        return self.acc.get(_KINKS, jnp.int32(0))
 
     def _add(self, n: Any) -> None:
-        self.count = self.count + jnp.asarray(n, jnp.int32)
+        self.accumulate(_KINKS, jnp.asarray(n, jnp.int32))
 
-    def nested(self, fn: Callable, *a: Any) -> tuple[Any, Any]:
-        """Run ``fn`` with a fresh count (a loop or branch body); returns (result, count)."""
-        saved, self.count = self.count, jnp.int32(0)
-        try:
-            out = fn(*a)
-            return out, self.count
-        finally:
-            self.count = saved
+    # -- the sidecar -------------------------------------------------------------------------
+    def literal_side(self, value: Any) -> Side:
+        return (False, None)
 
+    def const_side(self, value: Any, label: str) -> Side:
+        return (False, None)
+
+    def side_sig(self, side: Side) -> tuple[bool, bool]:
+        return (bool(side[0]), side[1] is not None)
+
+    def side_leaves(self, side: Side, value: Any, sig: Any) -> list:
+        if not sig[1]:
+            return []
+        return [side[1] if side[1] is not None else jnp.zeros(np.shape(value), bool)]
+
+    def side_build(self, sig: Any, leaves: Iterator) -> Side:
+        return (sig[0], next(leaves) if sig[1] else None)
+
+    def side_join(self, a: Any, b: Any) -> tuple[bool, bool]:
+        return (a[0] or b[0], a[1] or b[1])
+
+    # -- rules -------------------------------------------------------------------------------
     def first_order(
         self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
     ) -> tuple[list, list]:
         outs = _bind(eqn, invals)
-        if any(insides) and not _compat.is_backward(eqn, scope.backward):
-            self._classify(eqn, invals, insides, outs)
-        return outs, [any(insides)] * len(outs)
+        deps = [d for d, _ in insides]
+        dep = any(deps)
+        osides: list[Side] = [(dep, None)] * len(outs)
+        if dep and not _compat.is_backward(eqn, scope.backward):
+            name = eqn.primitive.name
+            if name in COMPARISONS:  # a boundary only once a select with live cases uses it
+                if is_boundary(eqn, invals):
+                    osides[0] = (dep, jnp.asarray(invals[0]) == jnp.asarray(invals[1]))
+            elif name == "select_n":
+                mask = insides[0][1]
+                if mask is not None and any(deps[1:]):
+                    self._add(jnp.sum(mask))
+            else:
+                self._count(eqn, invals, deps)
+        return outs, osides
+
+    def _count(self, eqn: Any, invals: list, deps: list) -> None:
+        op = kink_op(eqn, invals, deps)
+        if op is None:
+            return
+        params = kink_params(eqn.primitive.name, eqn.params)
+        operands = [jnp.asarray(v) for v in invals]
+        m = kink_mask(op, operands, params, xp=jnp)
+        if m is not None:
+            self._add(jnp.sum(m))
+        else:
+            self._add(
+                jax.pure_callback(
+                    functools.partial(_host_count, op, params),
+                    jax.ShapeDtypeStruct((), jnp.int32),
+                    *operands,
+                )
+            )
 
     def call(
         self,
@@ -126,178 +148,16 @@ class _Screen(Interpreter):
         sub = self.sub_scope(eqn, scope, key, f"{eqn.primitive.name}[{name}]")
         if sub.library is None:
             sub.library = call_library(eqn, jaxpr)
-        if not sub.backward and any(insides):
-            found = library_operands(sub.library, eqn, invals, insides)
+        if not sub.backward and any(d for d, _ in insides):
+            found = library_operands(sub.library, eqn, invals, [d for d, _ in insides])
             if found is not None:  # jnp.clip, jnp.hypot: the call is the operation
                 op, operands, _ = found
                 m = kink_mask(op, [jnp.asarray(o) for o in operands], {}, xp=jnp)
                 assert m is not None  # clamp and hypot have masks
                 self._add(jnp.sum(m))
-        pos, masks = self.cmp_inputs(invals)
-        sig = (id(jaxpr), tuple(insides), sub.backward, pos)
-        cached = self._fns.get(sig)
-        if cached is None or cached[1] is not jaxpr:
-
-            def body(ops, masks, jaxpr=jaxpr, consts=consts, sub=sub, deps=tuple(insides)):
-                (outs, _), n = self.nested(
-                    self.run_with, jaxpr, consts, list(ops), list(deps), sub, pos, masks
-                )
-                return list(outs), n
-
-            cached = self._fns[sig] = (jax.jit(body), jaxpr)
-        outs, n = cached[0](list(invals), masks)
-        self._add(n)
-        return outs, _deps_of(jaxpr, list(insides))
-
-    def cmp_inputs(self, vals: list) -> tuple[tuple, list]:
-        """Positions of ``vals`` that are comparison results, and their equality masks."""
-        pos, masks = [], []
-        for i, v in enumerate(vals):
-            c = self.cmps.get(id(v))
-            if c is not None and c[0] is v:
-                pos.append(i)
-                masks.append(c[1])
-        return tuple(pos), masks
-
-    def run_with(
-        self, jaxpr: Any, consts: list, args: list, deps: list, sub: Scope, pos: tuple, masks: list
-    ) -> tuple[list, list]:
-        """``run`` on a body whose inputs at ``pos`` are comparison results (new tracers)."""
-        for i, m in zip(pos, masks):
-            self.cmps[id(args[i])] = (args[i], m)
-        return self.run(jaxpr, consts, [False] * len(consts), args, deps, sub)
-
-    def _classify(self, eqn: Any, invals: list, deps: list, outs: list) -> None:
-        name = eqn.primitive.name
-        if name in COMPARISONS:  # a boundary only once a select with live cases uses it
-            if is_boundary(eqn, invals):
-                self.cmps[id(outs[0])] = (outs[0], jnp.asarray(invals[0]) == jnp.asarray(invals[1]))
-            return
-        if name == "select_n":
-            c = self.cmps.get(id(invals[0]))
-            if c is not None and c[0] is invals[0] and any(deps[1:]):
-                self._add(jnp.sum(c[1]))
-            return
-        op = kink_op(eqn, invals, deps)
-        if op is None:
-            return
-        params = kink_params(name, eqn.params)
-        operands = [jnp.asarray(v) for v in invals]
-        m = kink_mask(op, operands, params, xp=jnp)
-        if m is not None:
-            self._add(jnp.sum(m))
-        else:
-            self._add(
-                jax.pure_callback(
-                    functools.partial(_host_count, op, params),
-                    jax.ShapeDtypeStruct((), jnp.int32),
-                    *operands,
-                )
-            )
-
-
-# -- cond, scan and while, re-emitted with the count carried ----------------------------------
-
-
-def _cond_rule(
-    sc: _Screen, eqn: Any, invals: list, deps: list, scope: Scope, key: tuple
-) -> tuple[list, list]:
-    odeps: list = [False] * len(eqn.outvars)
-    pos, masks = sc.cmp_inputs(invals[1:])
-
-    def branch(i: int) -> Callable:
-        jaxpr, consts = _closed(eqn.params["branches"][i])
-        sub = sc.sub_scope(eqn, scope, (*key, i), f"cond[{i}]")
-
-        def run(ops, masks):
-            (outs, od), n = sc.nested(
-                sc.run_with, jaxpr, consts, list(ops), list(deps[1:]), sub, pos, masks
-            )
-            odeps[:] = [a or b for a, b in zip(odeps, od)]
-            return list(outs), n
-
-        return run
-
-    outs, n = jax.lax.switch(
-        invals[0],
-        [branch(i) for i in range(len(eqn.params["branches"]))],
-        list(invals[1:]),
-        masks,
-    )
-    sc._add(n)
-    return outs, odeps
-
-
-def _scan_rule(
-    sc: _Screen, eqn: Any, invals: list, deps: list, scope: Scope, key: tuple
-) -> tuple[list, list]:
-    p = eqn.params
-    jaxpr, jconsts = _closed(p["jaxpr"])
-    nc, nk = p["num_consts"], p["num_carry"]
-    consts, carry, xs = invals[:nc], list(invals[nc : nc + nk]), list(invals[nc + nk :])
-    cd, xd = list(deps[:nc]), list(deps[nc + nk :])
-    kd = _carry_fixpoint(jaxpr, cd, list(deps[nc : nc + nk]), xd)
-    sub = sc.sub_scope(eqn, scope, (*key, "i"), "scan")
-    yd: list = [False] * (len(jaxpr.outvars) - nk)
-
-    def body(c, x):
-        carry, n = c
-        (outs, od), m = sc.nested(
-            sc.run,
-            jaxpr,
-            jconsts,
-            [False] * len(jconsts),
-            [*consts, *carry, *x],
-            [*cd, *kd, *xd],
-            sub,
+        return call_jit(
+            self, eqn, jaxpr, consts, invals, insides, sub, self._fns, (id(jaxpr), sub.backward)
         )
-        yd[:] = [a or b for a, b in zip(yd, od[nk:])]
-        return (list(outs[:nk]), n + m), list(outs[nk:])
-
-    (carry, n), ys = jax.lax.scan(
-        body, (carry, jnp.int32(0)), xs, length=p["length"], reverse=p.get("reverse", False)
-    )
-    sc._add(n)
-    return [*carry, *ys], [*kd, *yd]
-
-
-def _while_rule(
-    sc: _Screen, eqn: Any, invals: list, deps: list, scope: Scope, key: tuple
-) -> tuple[list, list]:
-    p = eqn.params
-    cj, cc = _closed(p["cond_jaxpr"])
-    bj, bc = _closed(p["body_jaxpr"])
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, carry = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
-    cdeps, bdeps = list(deps[:nc]), list(deps[nc : nc + nb])
-    kd = _carry_fixpoint(bj, bdeps, list(deps[nc + nb :]), [])
-    csub = sc.sub_scope(eqn, scope, (*key, "c"), "while")
-    bsub = sc.sub_scope(eqn, scope, (*key, "b"), "while")
-
-    def test(carry):
-        (pred, _), n = sc.nested(
-            sc.run, cj, cc, [False] * len(cc), [*cconsts, *carry], [*cdeps, *kd], csub
-        )
-        return pred[0], n
-
-    def body(c):
-        carry, n = c
-        _, m_test = test(carry)  # the test that let this iteration run
-        (outs, _), m = sc.nested(
-            sc.run, bj, bc, [False] * len(bc), [*bconsts, *carry], [*bdeps, *kd], bsub
-        )
-        return list(outs), n + m_test + m
-
-    carry, n = jax.lax.while_loop(lambda c: test(c[0])[0], body, (carry, jnp.int32(0)))
-    sc._add(n + test(carry)[1])  # the final test, which ended the loop
-    return carry, kd
-
-
-_Screen.rules = {
-    _compat.cond_p: _cond_rule,
-    _compat.scan_p: _scan_rule,
-    _compat.while_p: _while_rule,
-}
 
 
 class Screener:
@@ -335,8 +195,8 @@ class Screener:
             closed, shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
             out_tree[0] = jax.tree_util.tree_structure(shape)
             ev = _Screen()
-            deps = [is_float(a) or jnp.asarray(a).dtype.kind in "iub" for a in flat]
-            outs, _ = ev.run_closed(closed, list(flat), deps)
+            sides = [(is_float(a) or jnp.asarray(a).dtype.kind in "iub", None) for a in flat]
+            outs, _ = ev.run_closed(closed, list(flat), sides)
             return outs, ev.count
 
         return jax.jit(screened), out_tree
