@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._catalog._classify import _windows, format_value
+from .._catalog._masks import windows as _windows
+from .._report._format import format_value
 from ._compat import bind as _bind
 from .interpreter import to_numpy as _np
 

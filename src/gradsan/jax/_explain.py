@@ -12,9 +12,11 @@ import jax
 import numpy as np
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value
+from .._blame import Blame
+from .._catalog._classify import classify
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import catalog_finding
+from .._report._format import format_value
 from . import _compat, _rules
 from . import _numpy_impl as _numpy
 from ._call import (
@@ -275,67 +277,53 @@ def _stat(src) -> int:
     return FINITE if src is None else src[0].status[src[1]]
 
 
-class Blame:
-    """Follows non-finite values back along the dataflow to where they were born.
-
-    For each value it finds the origins: an origin has only finite inputs (or is an input or a
-    constant). With each origin comes its poison: the node where NaN appeared from inf but not
-    NaN inputs, which is where the inf met a zero. Results are memoized per node, so blaming
-    every output of a large model walks the non-finite subgraph once. An intentional inf (a
-    -inf mask constant) is not an origin: the NaN was born where two such infinities met.
-    """
-
-    def __init__(self) -> None:
-        self.memo: dict[tuple[int, int], dict[int, tuple[Node, Node | None]]] = {}
+class _Dataflow:
+    """Provenance Srcs as the graph :class:`gradsan._blame.Blame` walks: handles are
+    ``(Node, output index)`` pairs, records are Nodes. An intentional inf is a constant (a -inf
+    mask): a NaN made from it was born where it met the other infinity."""
 
     @staticmethod
-    def _children(node: Node, k: int) -> list:
+    def key(v: Src) -> tuple[int, int]:
+        return (id(v[0]), v[1])
+
+    @staticmethod
+    def children(v: Src) -> list:
+        node, k = v
         if node.kind in ("input", "const"):
             return []
         bad = [s for s in node.ins if _stat(s) != FINITE]
         if node.kind == "stack":
             return bad[:1]
         if node.status[k] == NAN:
-            nan_in = [s for s in bad if _stat(s) == NAN]
-            return nan_in or bad
+            return [s for s in bad if _stat(s) == NAN] or bad
         return bad
 
-    def _combine(self, node: Node, k: int, children: list) -> dict:
-        if not children:
-            return {id(node): (node, None)}
+    @staticmethod
+    def is_poison(v: Src) -> bool:
+        node, k = v
         bad = [s for s in node.ins if _stat(s) != FINITE]
-        is_poison = (
-            node.kind == "eqn" and node.status[k] == NAN and not any(_stat(s) == NAN for s in bad)
+        return (
+            node.kind == "eqn"
+            and node.status[k] == NAN
+            and bool(bad)
+            and not any(_stat(s) == NAN for s in bad)
         )
-        out: dict[int, tuple[Node, Node | None]] = {}
-        for c in children:
-            for key, (origin, poison) in self.memo[(id(c[0]), c[1])].items():
-                if is_poison and origin.kind == "const":
-                    out.setdefault(id(node), (node, None))
-                    continue
-                if poison is None and is_poison:
-                    poison = node
-                out.setdefault(key, (origin, poison))
-        return out
 
-    def origins(self, src) -> list[tuple[Node, Node | None]]:
-        stack = [(src, False)]
-        while stack:
-            (node, k), expanded = stack.pop()
-            key = (id(node), k)
-            if key in self.memo:
-                continue
-            children = self._children(node, k)
-            if expanded:
-                self.memo[key] = self._combine(node, k, children)
-                continue
-            stack.append(((node, k), True))
-            for c in children:
-                if (id(c[0]), c[1]) not in self.memo:
-                    stack.append((c, False))
-        found = list(self.memo[(id(src[0]), src[1])].values())
-        real = [f for f in found if f[0].kind != "const"]
-        return real or found
+    @staticmethod
+    def is_intentional(r: Node) -> bool:
+        return r.kind == "const"
+
+    @staticmethod
+    def record(v: Src) -> Node:
+        return v[0]
+
+
+def _origins(blame: Blame, src: Src) -> list[tuple[Node, Node | None]]:
+    """The origins of ``src`` and their poisons; a non-finite constant is named only when
+    nothing else made the value non-finite."""
+    found = blame.origins(src)
+    real = [f for f in found if f[0].kind != "const"]
+    return real or found
 
 
 def _forward_node(interp: Provenance, origin: Node) -> Node | None:
@@ -587,11 +575,11 @@ def _origin_finding(
             ctx = f"{ctx}, element {list(g)} of the global array"
     elif fwd is not None and fwd.hit is not None and index:
         # jit over sharded arguments: the device that holds the element
-        held = holder(interp.arguments, fwd.hit.shape, index)
-        if held is not None:
-            detail["device"], detail["mesh_coordinate"] = held
-            at = ", ".join(f"{k}={v}" for k, v in held[1].items())
-            where_dev = f"held by device {held[0]} ({at})"
+        holding = holder(interp.arguments, fwd.hit.shape, index)
+        if holding is not None:
+            detail["device"], detail["mesh_coordinate"] = holding
+            at = ", ".join(f"{k}={v}" for k, v in holding[1].items())
+            where_dev = f"holding by device {holding[0]} ({at})"
             ctx = f"{ctx}, {where_dev}" if ctx else where_dev
     shown = "nan" if any(h.nan for h in hits) else result
     f = catalog_finding(
@@ -651,12 +639,13 @@ def _origin_finding(
 
 def _overflow_hit(origin: Node):
     try:
-        from .._catalog._classify import classify_overflow
+        from .._catalog._overflow import classify_overflow
     except ImportError:
         return None
     if not origin.outs or origin.operands is None:
         return None
-    return classify_overflow(origin.prim, origin.operands, origin.outs[0])
+    op = "add" if origin.prim == "add_any" else origin.prim  # canonical op for the float32 check
+    return classify_overflow(op, origin.operands, origin.outs[0])
 
 
 # -- the transformation -------------------------------------------------------------------------
@@ -691,7 +680,7 @@ def diagnose(
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
-    blame = Blame()
+    blame: Blame = Blame(_Dataflow())
     groups: dict[int, tuple[Node, Node | None, list[OutputHit]]] = {}
     order: list[int] = []
     for val, src, (label, kind) in zip(outs, out_srcs, out_labels):
@@ -703,7 +692,7 @@ def diagnose(
         nan = int(np.isnan(a).sum())
         inf = int(np.isinf(a).sum())
         hit = OutputHit(label, nan + inf, int(a.size), nan, inf, kind)
-        for origin, poison in blame.origins(src):
+        for origin, poison in _origins(blame, src):
             # the same equation in many loop iterations is one finding, at its first iteration
             key = id(origin.eqn) if origin.eqn is not None else id(origin)
             if key not in groups:

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value
+from .._catalog._classify import classify
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
+from .._report._format import format_value
 from . import _compat
 from ._call import check_callable, leaf_owner, random_directions, read_tangents, trace
 from ._compat import bind as _bind

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._catalog._classify import classify, kink_mask
+from .._catalog._classify import classify
+from .._catalog._masks import kink_mask
 from . import _compat
 from ._call import arg_labels, check_args, flatten_call
 from ._compat import bind as _bind
-from ._guard import _host_flag
+from ._flags import host_flag
 from ._rules import (
     COMPARISONS,
     call_library,
@@ -184,7 +185,7 @@ class Screener:
         # finiteness on the host: a reduction per leaf in the program would triple its compile
         # time on a net with hundreds of parameter arrays. Only the outputs: explain blames
         # non-finite outputs (a NaN input that a where masks out is no finding)
-        bad = not _host_flag(outs)
+        bad = not host_flag(outs)
         return jax.tree_util.tree_unflatten(out_tree[0], outs), int(kinks), bad
 
     @staticmethod
