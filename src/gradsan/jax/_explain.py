@@ -156,33 +156,46 @@ def _shard_map_rule(
 # A scan longer than this whose inputs are finite is not interpreted iteration by iteration:
 # it runs compiled, and only its first iteration that makes a non-finite value is interpreted.
 LAZY_SCAN = 64
+LAZY_SPAN = 512  # at most this many iterations interpreted from the first non-finite one
 
 
 def _scan_rule(
     interp: Provenance, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
 ) -> tuple[list, list]:
     """A long scan over finite inputs: run compiled; when an output is non-finite, find the
-    first iteration that made one (a compiled per-iteration flag), rebuild its carry from the
-    compiled prefix and interpret that iteration only. A finite scan is remembered, so the
-    same iteration of it can be replayed when a later scan in the same scope (its transpose
-    in the backward pass) needs to know which forward operation hit a singular point."""
+    first iteration that made one and the first that made a NaN (a compiled per-iteration
+    flag), rebuild the carry from the compiled prefix and interpret those iterations only (at
+    most :data:`LAZY_SPAN`). A finite scan is remembered, so the same iterations of it can be
+    replayed when a later scan in the same scope (its transpose in the backward pass) needs to
+    know which forward operation hit a singular point."""
     p = eqn.params
-    length = p["length"]
-    if length <= LAZY_SCAN or any(s is not None for s in insides):
+    length, reverse = p["length"], p.get("reverse", False)
+    nc, nk = p["num_consts"], p["num_carry"]
+    # only the scanned-over inputs may be non-finite (a stacked residual of the forward scan)
+    if length <= LAZY_SCAN or any(_stat(s) != FINITE for s in insides[: nc + nk]):
         return scan_rule(interp, eqn, invals, insides, scope, key)
     outs = _compat.bind(eqn, invals)
-    if all(_status(o) == FINITE for o in outs):
+    if all(_status(o) == FINITE for o in outs) and all(_stat(s) == FINITE for s in insides):
         interp.finite_scans.setdefault(scope.path, []).append((eqn, list(invals), scope, key))
         return outs, [None] * len(outs)
-    bad = np.flatnonzero(scan_bad_iterations(eqn, invals))
+    bad, nan = (np.flatnonzero(f) for f in scan_bad_iterations(eqn, invals))
     if not bad.size:  # non-finite only through rounding differences of the compiled flag
         return scan_rule(interp, eqn, invals, insides, scope, key)
-    i = int(bad.max() if p.get("reverse", False) else bad.min())  # first in execution order
+    # iterations in execution order (reverse scans run from the end)
+    first = int(bad.max() if reverse else bad.min())
+    # up to the last NaN: where the NaN is made, interpreted, may differ from the compiled flag
+    later_nan = nan[nan <= first] if reverse else nan[nan >= first]
+    last = first
+    if later_nan.size:
+        last = int(later_nan.min() if reverse else later_nan.max())
+    step = -1 if reverse else 1
+    span = list(range(first, last + step, step))[:LAZY_SPAN]
     for f_eqn, f_invals, f_scope, f_key in interp.finite_scans.get(scope.path, []):
         if f_eqn.params["length"] == length:
-            interp.scan_iteration(f_eqn, f_invals, f_scope, f_key, i)
-    osides = interp.scan_iteration(eqn, invals, scope, key, i)
-    return outs, [interp.stack_side([s], scope) for s in osides]
+            interp.scan_iterations(f_eqn, f_invals, None, f_scope, f_key, span, None)
+    want_nan = [_status(o) == NAN for o in outs] if later_nan.size else None
+    osides = interp.scan_iterations(eqn, invals, insides, scope, key, span, want_nan)
+    return outs, osides
 
 
 class Provenance(Interpreter):
@@ -223,25 +236,65 @@ class Provenance(Interpreter):
                 in_srcs.append(None)
         return self.run_closed(closed, args, in_srcs, top)
 
-    def scan_iteration(self, eqn: Any, invals: list, scope: Scope, key: tuple, i: int) -> list:
-        """Interpret iteration ``i`` of a scan alone (its carry from the compiled prefix);
-        the sidecars of what it returns."""
+    def scan_iterations(
+        self,
+        eqn: Any,
+        invals: list,
+        insides: list | None,
+        scope: Scope,
+        key: tuple,
+        span: list,
+        want_nan: list[bool] | None,
+    ) -> list:
+        """Interpret the iterations ``span`` (consecutive, in execution order) of a scan alone,
+        the carry entering the first from the compiled prefix; with ``want_nan`` (per output,
+        whether the compiled result holds a NaN), stopping once every such output's sidecar
+        has met its NaN. The sidecars of the scan's outputs (the last
+        carry, each stacked output from these iterations)."""
         p = eqn.params
         jaxpr, jconsts = _compat.closed(p["jaxpr"])
-        nc, nk = p["num_consts"], p["num_carry"]
-        carry = scan_carry_at(eqn, invals, i)
-        xs = [np.asarray(x)[i] for x in invals[nc + nk :]]
-        sub = self.sub_scope(
-            eqn,
-            scope,
-            (*key, i),
-            f"scan[{i}]",
-            self.in_context(scope, f"scan iteration {i} (of {p['length']})"),
+        nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
+        carry = scan_carry_at(eqn, invals, span[0])
+        c_sides = list(insides[:nc]) if insides is not None else [None] * nc
+        x_sides = (
+            list(insides[nc + nk :]) if insides is not None else [None] * len(invals[nc + nk :])
         )
-        args = [*invals[:nc], *carry, *xs]
+        k_sides: list = [None] * nk
         csides = [self.const_side(c, "a constant") for c in jconsts]
-        _, osides = self.run(jaxpr, jconsts, csides, args, [None] * len(args), sub)
-        return osides
+        per_iter: dict[int, list] = {}
+        for i in span:
+            sub = self.sub_scope(
+                eqn,
+                scope,
+                (*key, i),
+                f"scan[{i}]",
+                self.in_context(scope, f"scan iteration {i} (of {length})"),
+            )
+            xs = [np.asarray(x)[i] for x in invals[nc + nk :]]
+            outs, osides = self.run(
+                jaxpr,
+                jconsts,
+                csides,
+                [*invals[:nc], *carry, *xs],
+                [*c_sides, *k_sides, *x_sides],
+                sub,
+            )
+            carry, k_sides = list(outs[:nk]), list(osides[:nk])
+            per_iter[i] = osides[nk:]
+            if want_nan is not None:
+                nan_ys = [
+                    any(_stat(o[j]) == NAN for o in per_iter.values())
+                    for j in range(len(osides) - nk)
+                ]
+                seen = [_stat(o) == NAN for o in k_sides] + nan_ys
+                if all(s or not w for s, w in zip(seen, want_nan)):
+                    break
+        order = sorted(per_iter)
+        ys = [
+            self.stack_side([per_iter[i][j] for i in order], scope)
+            for j in range(len(jaxpr.outvars) - nk)
+        ]
+        return [*k_sides, *ys]
 
     def const_side(self, value: Any, label: str) -> Src | None:
         st = _status(value)

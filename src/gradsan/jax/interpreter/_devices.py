@@ -373,7 +373,9 @@ def holder(arrays: list, shape: tuple, index: tuple) -> tuple[int, dict[str, int
         sharding = getattr(a, "sharding", None)
         mesh = getattr(sharding, "mesh", None)
         a_shape = tuple(np.shape(a))
-        if mesh is None or len(getattr(sharding, "device_set", ())) < 2 or a_shape[:n] != shape:
+        if sharding is None or mesh is None or a_shape[:n] != shape:
+            continue
+        if len(getattr(sharding, "device_set", ())) < 2:
             continue
         if len(shape) != n:
             continue

@@ -137,9 +137,9 @@ def scan_carry_at(eqn: Any, invals: list, i: int) -> list:
     return _compat.bind(eqn, [*consts, *carry, *part], params)[: p["num_carry"]]
 
 
-def scan_bad_iterations(eqn: Any, invals: list) -> np.ndarray:
-    """Per iteration, whether any value the body returns there is non-finite: one compiled
-    scan of the body with a finiteness flag as an extra output."""
+def scan_bad_iterations(eqn: Any, invals: list) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration, whether any value the body returns there is non-finite, and whether any
+    is NaN: one compiled scan of the body with the two flags as extra outputs."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -152,12 +152,14 @@ def scan_bad_iterations(eqn: Any, invals: list) -> np.ndarray:
     def flagged(consts: list, carry: list, xs: list) -> Any:
         def body(c: list, x: list) -> tuple[list, Any]:
             outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *consts, *c, *x)
-            ok = jnp.array(True)
+            ok, no_nan = jnp.array(True), jnp.array(True)
             for o in outs:
                 if jnp.issubdtype(jnp.result_type(o), jnp.inexact):
                     ok = ok & jnp.all(jnp.isfinite(o))
-            return list(outs[:nk]), ok
+                    no_nan = no_nan & ~jnp.any(jnp.isnan(o))
+            return list(outs[:nk]), (ok, no_nan)
 
         return lax.scan(body, carry, xs, length=p["length"], reverse=p.get("reverse", False))[1]
 
-    return ~np.asarray(jax.jit(flagged)(consts, carry, xs))
+    ok, no_nan = jax.jit(flagged)(consts, carry, xs)
+    return ~np.asarray(ok), ~np.asarray(no_nan)
