@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _catalog
 from .._catalog._classify import classify
+from .._catalog._ops import TIES
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
 from .._report._format import format_value
@@ -47,26 +48,6 @@ from .interpreter import to_numpy as _np
 
 exclude_gradsan()
 
-JUMPS = {"sign", "floor", "ceil", "round", "trunc"}
-TIES = {
-    "max",
-    "min",
-    "reduce_max",
-    "reduce_min",
-    "argmax",
-    "argmin",
-    "sort",
-    "top_k",
-    "cummax",
-    "cummin",
-    "reduce_window_max",
-    "reduce_window_min",
-    "where",
-    "clamp",
-    "relu",
-    "abs",
-    "hypot",
-} | JUMPS
 
 # call-likes whose derivative is their own rule (a safe function's custom_jvp): subgradient
 # keeps them, and a relu's convention is read from its rule
@@ -420,7 +401,7 @@ def kink_finding(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> 
                 "the tied candidates are the same function of the inputs "
                 "(equal tangents along random directions): the gradient is exact"
             )
-    kind = "convention" if k.entry_id == "atan2-at-origin" else "kink"
+    kind = "convention" if "jax" in _catalog.get(k.entry_id).inadmissible else "kink"
     prim = k.prim if k.op != "where" else "select_n"
     f = catalog_finding(
         backend="jax",

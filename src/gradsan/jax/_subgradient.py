@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _catalog
+from .._catalog._ops import CONTINUOUS_KINKS as CONTINUOUS
+from .._catalog._ops import JUMPS as JUMP_OPS
 from .._report import Finding, Report
 from .._report._build import catalog_finding
 from ._call import check_callable, leaf_owner
@@ -32,25 +34,6 @@ from ._compat import bind as _bind
 from ._rules import is_float
 from ._sanitize import CUSTOM_RULE_CALLS, DependenceEval, Kink, kink_tangents, scan_kinks
 from .interpreter import Scope
-
-CONTINUOUS = {
-    "abs",
-    "relu",
-    "max",
-    "min",
-    "clamp",
-    "reduce_max",
-    "reduce_min",
-    "argmax",
-    "argmin",
-    "sort",
-    "top_k",
-    "cummax",
-    "cummin",
-    "reduce_window_max",
-    "reduce_window_min",
-}
-JUMP_OPS = {"sign", "floor", "ceil", "round", "trunc"}
 
 
 class LockedEval(DependenceEval):
