@@ -15,13 +15,8 @@ EXAMPLES = ROOT / "examples"
 
 
 def gradsan(*args, cwd, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "gradsan", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return subprocess.run([sys.executable, "-m", "gradsan", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def line_of(path: Path, marker: str) -> int:
@@ -56,8 +51,7 @@ def test_jax_example_stops_at_step_7_and_reproduces(tmp_path):
     assert "replaying it through the interpreter" in r.stderr and "replay done in" in r.stderr
     sqrt_line = line_of(script, "embedding distance")
     assert f"sqrt at {script}:{sqrt_line} (pairwise_distance)" in r.stderr.replace(
-        os.path.relpath(script, tmp_path), str(script)
-    )
+        os.path.relpath(script, tmp_path), str(script))
     assert "sqrt-at-zero" in r.stderr
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["exit_code"] == 3
@@ -66,15 +60,9 @@ def test_jax_example_stops_at_step_7_and_reproduces(tmp_path):
     assert rep["findings"][0]["where"]["line"] == sqrt_line
     d = only_repro(tmp_path)
     assert {"inputs.npz", "repro.py", "meta.json", "structure.pkl", "jaxpr.txt"} <= {
-        p.name for p in d.iterdir()
-    }
-    rr = subprocess.run(
-        [sys.executable, str(d / "repro.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+        p.name for p in d.iterdir()}
+    rr = subprocess.run([sys.executable, str(d / "repro.py")], capture_output=True, text=True,
+                        timeout=120, cwd=tmp_path)
     assert rr.returncode == 3, rr.stderr
     assert "sqrt-at-zero" in rr.stdout and f":{sqrt_line} (pairwise_distance)" in rr.stdout
 
@@ -94,13 +82,8 @@ def test_torch_example_stops_at_step_5_and_reproduces(tmp_path):
     assert "model.v.weight" in r.stderr
     d = only_repro(tmp_path)
     assert (d / "inputs.pt").exists()
-    rr = subprocess.run(
-        [sys.executable, str(d / "repro.py")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    rr = subprocess.run([sys.executable, str(d / "repro.py")], capture_output=True, text=True,
+                        timeout=120, cwd=tmp_path)
     assert rr.returncode == 3, rr.stderr
     assert "bit-identical in the re-run" in rr.stderr
     assert f"torch_masked_attention.py:{soft_line} (forward)" in rr.stdout
@@ -116,10 +99,7 @@ def test_torch_trace_mode_needs_no_rerun(tmp_path):
 
 
 def test_eager_jax_grad_in_a_function(tmp_path):
-    script = write(
-        tmp_path,
-        "s.py",
-        """
+    script = write(tmp_path, "s.py", """
         import jax, jax.numpy as jnp, sys
 
         def loss(x):
@@ -135,33 +115,23 @@ def test_eager_jax_grad_in_a_function(tmp_path):
 
         if __name__ == "__main__":
             main()
-    """,
-    )
+    """)
     r = gradsan("run", script, cwd=tmp_path)
     assert r.returncode == 3, r.stderr
     assert last_step(r.stdout) == "step 1"
     assert "the 2nd call of `loss` (jax.grad)" in r.stderr
     assert f"s.py:{line_of(script, 'the norm')} (loss)" in r.stderr
-    rr = subprocess.run(
-        [sys.executable, str(only_repro(tmp_path) / "repro.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    rr = subprocess.run([sys.executable, str(only_repro(tmp_path) / "repro.py")],
+                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert rr.returncode == 3, rr.stderr
 
 
 def test_healthy_script_keeps_its_exit_code_and_imports_no_backend(tmp_path):
-    script = write(
-        tmp_path,
-        "ok.py",
-        """
+    script = write(tmp_path, "ok.py", """
         import sys
         print("args", sys.argv[1:], "backends", "jax" in sys.modules or "torch" in sys.modules)
         sys.exit(5)
-    """,
-    )
+    """)
     r = gradsan("run", script, "--lr", "3", cwd=tmp_path)
     assert r.returncode == 5, r.stderr
     assert "args ['--lr', '3'] backends False" in r.stdout
@@ -169,10 +139,7 @@ def test_healthy_script_keeps_its_exit_code_and_imports_no_backend(tmp_path):
 
 
 def test_library_jits_are_not_wrapped_and_tracing_passes_through(tmp_path):
-    script = write(
-        tmp_path,
-        "lib.py",
-        """
+    script = write(tmp_path, "lib.py", """
         import jax, jax.numpy as jnp
 
         @jax.jit
@@ -181,24 +148,19 @@ def test_library_jits_are_not_wrapped_and_tracing_passes_through(tmp_path):
 
         print(type(f).__name__, f(jnp.ones(2)).tolist(), f.lower(jnp.ones(2)) is not None)
         print(jnp.where(jnp.ones(2) > 0, -jnp.inf, 0.0).tolist())
-    """,
-    )
+    """)
     r = gradsan("run", script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "_GuardedJax [2.0, 2.0] True" in r.stdout
 
 
 def test_sanitize_reports_kinks_without_stopping(tmp_path):
-    script = write(
-        tmp_path,
-        "kink.py",
-        """
+    script = write(tmp_path, "kink.py", """
         import jax, jax.numpy as jnp
         g = jax.grad(lambda x: jnp.sum(jnp.abs(x)))
         print(g(jnp.zeros(2)).tolist())
         print("finished")
-    """,
-    )
+    """)
     r = gradsan("run", "--sanitize", "--json", "k.json", script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "finished" in r.stdout

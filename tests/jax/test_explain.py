@@ -64,9 +64,7 @@ def test_norm_of_zero_vector_names_the_user_line_and_library(maybe_jit):
     [f] = report.findings
     assert f.where.line == line_of("L:norm") and f.where.file == HERE
     assert f.library == "jnp.linalg.norm" and f.primitive == "sqrt"
-    assert f.catalog_id == (
-        "norm-at-zero" if "norm-at-zero" in gradsan.catalog.ids() else "sqrt-at-zero"
-    )
+    assert f.catalog_id == ("norm-at-zero" if "norm-at-zero" in gradsan.catalog.ids() else "sqrt-at-zero")
     assert sorted(o.path for o in f.outputs) == ["x", "y"] or len(f.outputs) == 2
 
 
@@ -139,9 +137,7 @@ def test_remat_and_vmap():
 def test_while_iteration():
     def w(x):
         return jax.lax.while_loop(
-            lambda c: c[0] < 3,
-            lambda c: (c[0] + 1, c[1] + jnp.log(c[0] - 2.0)),
-            (0, x),  # L:while
+            lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] + jnp.log(c[0] - 2.0)), (0, x)  # L:while
         )[1]
 
     [f] = gsj.explain(w)(1.0).findings  # log(-2) at iteration 0, log(-1) at 1: one finding
@@ -179,9 +175,8 @@ def test_finite_program_outputs_are_bit_identical(maybe_jit):
     x = jnp.linspace(-1, 1, 7)
     report = gsj.explain(f)(x)
     assert report.ok
-    np.testing.assert_array_equal(
-        np.asarray(report.outputs).view(np.uint32), np.asarray(f(x)).view(np.uint32)
-    )
+    np.testing.assert_array_equal(np.asarray(report.outputs).view(np.uint32),
+                                  np.asarray(f(x)).view(np.uint32))
 
 
 def test_inf_minus_inf():

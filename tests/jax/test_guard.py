@@ -34,12 +34,8 @@ def test_guard_is_bit_identical_on_finite_steps(donate):
     for _ in range(3):
         w1, g1 = plain(w1, x)
         w2, g2 = guarded(w2, x)
-        np.testing.assert_array_equal(
-            np.asarray(w1).view(np.uint32), np.asarray(w2).view(np.uint32)
-        )
-        np.testing.assert_array_equal(
-            np.asarray(g1).view(np.uint32), np.asarray(g2).view(np.uint32)
-        )
+        np.testing.assert_array_equal(np.asarray(w1).view(np.uint32), np.asarray(w2).view(np.uint32))
+        np.testing.assert_array_equal(np.asarray(g1).view(np.uint32), np.asarray(g2).view(np.uint32))
 
 
 @pytest.mark.parametrize("donate", [False, True], ids=["plain", "donated"])
@@ -119,11 +115,8 @@ def test_guard_bit_identical_on_an_adam_attention_step():
     optax = pytest.importorskip("optax")
     opt = optax.adam(1e-2)
     k = jax.random.split(jax.random.PRNGKey(3), 4)
-    params = {
-        "q": jax.random.normal(k[0], (16, 16)),
-        "k": jax.random.normal(k[1], (16, 16)),
-        "v": jax.random.normal(k[2], (16, 16)),
-    }
+    params = {"q": jax.random.normal(k[0], (16, 16)), "k": jax.random.normal(k[1], (16, 16)),
+              "v": jax.random.normal(k[2], (16, 16))}
     x = jax.random.normal(k[3], (4, 8, 16))
 
     def loss(p, x):
@@ -144,12 +137,9 @@ def test_guard_bit_identical_on_an_adam_attention_step():
     for _ in range(3):
         p1, s1, l1 = plain(p1, s1, x)
         p2, s2, l2 = guarded(p2, s2, x)
-    for a, b in zip(
-        jax.tree_util.tree_leaves((p1, s1, l1)), jax.tree_util.tree_leaves((p2, s2, l2))
-    ):
-        np.testing.assert_array_equal(
-            np.atleast_1d(np.asarray(a)).view(np.uint8), np.atleast_1d(np.asarray(b)).view(np.uint8)
-        )
+    for a, b in zip(jax.tree_util.tree_leaves((p1, s1, l1)), jax.tree_util.tree_leaves((p2, s2, l2))):
+        np.testing.assert_array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
+                                      np.atleast_1d(np.asarray(b)).view(np.uint8))
 
 
 def test_guard_switches_to_the_fused_program_after_the_background_compile():

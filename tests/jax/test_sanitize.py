@@ -43,9 +43,8 @@ def test_relu_custom_jvp_and_maximum():
 
 def test_max_tie_and_backward_selects_are_not_flagged():
     r = gsj.sanitize(jax.grad(lambda x: jnp.maximum(x, 1.0)))(1.0)
-    assert [f.catalog_id for f in r.findings] == ["relu-at-zero"] or [
-        f.catalog_id for f in r.findings
-    ] == ["max-tie"]
+    assert [f.catalog_id for f in r.findings] == ["relu-at-zero"] or \
+        [f.catalog_id for f in r.findings] == ["max-tie"]
     r = gsj.sanitize(jax.grad(lambda x, y: jnp.maximum(x, y)))(1.0, 1.0)
     f = one(r, "max-tie")
     assert f.detail["value"] == "(0.5, 0.5)" and f.detail["admissible"]
@@ -68,9 +67,7 @@ def test_trivial_tie():
 
 
 def test_constant_tie_is_not_a_kink():
-    r = gsj.sanitize(jax.grad(lambda x: jnp.max(jnp.ones(3)) * x + jnp.abs(jnp.zeros(2)).sum()))(
-        2.0
-    )
+    r = gsj.sanitize(jax.grad(lambda x: jnp.max(jnp.ones(3)) * x + jnp.abs(jnp.zeros(2)).sum()))(2.0)
     assert kinks(r) == []
 
 
@@ -100,13 +97,8 @@ def test_where_with_a_jump_is_inadmissible():
 
 
 def test_jumps_are_blocked():
-    for f, x in [
-        (jnp.floor, 2.0),
-        (jnp.ceil, 2.0),
-        (jnp.round, 0.5),
-        (jnp.sign, 0.0),
-        (lambda x: x.astype(jnp.int32).astype(jnp.float32), 2.0),
-    ]:
+    for f, x in [(jnp.floor, 2.0), (jnp.ceil, 2.0), (jnp.round, 0.5), (jnp.sign, 0.0),
+                 (lambda x: x.astype(jnp.int32).astype(jnp.float32), 2.0)]:
         r = gsj.sanitize(jax.grad(lambda x, f=f: f(x) * x))(x)
         (k,) = kinks(r)
         assert k.detail["blocked"] is True and k.detail["admissible"] is False
@@ -147,38 +139,24 @@ def _program(draw_ops):
         vals = [x[0], x[1], x[2]]
         for op, i, j in draw_ops:
             a, b = vals[i % len(vals)], vals[j % len(vals)]
-            vals.append(
-                {
-                    "sin": lambda: jnp.sin(a),
-                    "exp": lambda: jnp.exp(0.3 * a),
-                    "abs": lambda: jnp.abs(a),
-                    "relu": lambda: jax.nn.relu(a),
-                    "neg": lambda: -a,
-                    "add": lambda: a + b,
-                    "mul": lambda: a * b,
-                    "maximum": lambda: jnp.maximum(a, b),
-                    "where": lambda: jnp.where(a > b, a * b, a + b),
-                }[op]()
-            )
+            vals.append({
+                "sin": lambda: jnp.sin(a), "exp": lambda: jnp.exp(0.3 * a),
+                "abs": lambda: jnp.abs(a), "relu": lambda: jax.nn.relu(a), "neg": lambda: -a,
+                "add": lambda: a + b, "mul": lambda: a * b, "maximum": lambda: jnp.maximum(a, b),
+                "where": lambda: jnp.where(a > b, a * b, a + b),
+            }[op]())
         return vals[-1]
 
     def mf(x):
         vals = list(x)
         for op, i, j in draw_ops:
             a, b = vals[i % len(vals)], vals[j % len(vals)]
-            vals.append(
-                {
-                    "sin": lambda: mpmath.sin(a),
-                    "exp": lambda: mpmath.exp(0.3 * a),
-                    "abs": lambda: abs(a),
-                    "relu": lambda: max(a, 0),
-                    "neg": lambda: -a,
-                    "add": lambda: a + b,
-                    "mul": lambda: a * b,
-                    "maximum": lambda: max(a, b),
-                    "where": lambda: a * b if a > b else a + b,
-                }[op]()
-            )
+            vals.append({
+                "sin": lambda: mpmath.sin(a), "exp": lambda: mpmath.exp(0.3 * a),
+                "abs": lambda: abs(a), "relu": lambda: max(a, 0), "neg": lambda: -a,
+                "add": lambda: a + b, "mul": lambda: a * b, "maximum": lambda: max(a, b),
+                "where": lambda: a * b if a > b else a + b,
+            }[op]())
         return vals[-1]
 
     return jf, mf
@@ -186,16 +164,12 @@ def _program(draw_ops):
 
 ops_strategy = st.lists(
     st.tuples(st.sampled_from(UNARY + BINARY), st.integers(0, 10), st.integers(0, 10)),
-    min_size=1,
-    max_size=6,
-)
+    min_size=1, max_size=6)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-@given(
-    ops=ops_strategy,
-    x=st.lists(st.sampled_from([-1.5, -0.5, 0.0, 0.25, 1.0, 2.0]), min_size=3, max_size=3),
-)
+@given(ops=ops_strategy, x=st.lists(st.sampled_from([-1.5, -0.5, 0.0, 0.25, 1.0, 2.0]),
+                                    min_size=3, max_size=3))
 def test_g2_no_flags_means_exact(ops, x):
     jf, mf = _program(ops)
     with jax.enable_x64(True):
@@ -230,28 +204,14 @@ def test_g2_kinks_are_flagged(ops, x):
         a, b = vals[i % len(vals)], vals[j % len(vals)]
         # where(a > a, ...) compares a value with itself: constant, no boundary
         same = i % len(vals) == j % len(vals)
-        if (
-            op in ("abs", "relu")
-            and a == 0
-            or op == "maximum"
-            and a == b
-            or op == "where"
-            and a == b
-            and not same
-        ):
+        if op in ("abs", "relu") and a == 0 or op == "maximum" and a == b \
+                or op == "where" and a == b and not same:
             at_kink = True
-        vals.append(
-            {
-                "sin": lambda: mpmath.sin(a),
-                "exp": lambda: mpmath.exp(0.3 * a),
-                "abs": lambda: abs(a),
-                "relu": lambda: max(a, 0),
-                "neg": lambda: -a,
-                "add": lambda: a + b,
-                "mul": lambda: a * b,
-                "maximum": lambda: max(a, b),
-                "where": lambda: a * b if a > b else a + b,
-            }[op]()
-        )
+        vals.append({
+            "sin": lambda: mpmath.sin(a), "exp": lambda: mpmath.exp(0.3 * a),
+            "abs": lambda: abs(a), "relu": lambda: max(a, 0), "neg": lambda: -a,
+            "add": lambda: a + b, "mul": lambda: a * b, "maximum": lambda: max(a, b),
+            "where": lambda: a * b if a > b else a + b,
+        }[op]())
     if at_kink:
         assert kinks(report), (ops, x)
