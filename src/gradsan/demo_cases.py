@@ -49,16 +49,10 @@ def jax_abs_vs_norm():
     def fixed(x, y):
         return safe.norm(x - y)
 
-    truth = (
-        "no gradient: norm has a cone at 0; the Clarke subdifferential is the unit ball, "
-        "whose minimum-norm element is 0"
-    )
-    return Case(
-        jax.grad(g, argnums=(0, 1)),
-        (jnp.zeros(3), jnp.zeros(3)),
-        jax.grad(fixed, argnums=(0, 1)),
-        truth,
-    )
+    truth = ("no gradient: norm has a cone at 0; the Clarke subdifferential is the unit ball, "
+             "whose minimum-norm element is 0")
+    return Case(jax.grad(g, argnums=(0, 1)), (jnp.zeros(3), jnp.zeros(3)),
+                jax.grad(fixed, argnums=(0, 1)), truth)
 
 
 def flux_normalise_zero_std():
@@ -109,15 +103,9 @@ def masked_softmax_row():
         attn = safe.softmax(q @ k.T, axis=-1, where=mask)
         return jnp.sum(attn @ k)
 
-    truth = (
-        "no value: the masked row's softmax is 0 / 0; with the row defined as 0 the loss is finite"
-    )
-    return Case(
-        jax.value_and_grad(loss),
-        (jnp.ones((2, 3)), jnp.ones((2, 3))),
-        jax.value_and_grad(fixed),
-        truth,
-    )
+    truth = "no value: the masked row's softmax is 0 / 0; with the row defined as 0 the loss is finite"
+    return Case(jax.value_and_grad(loss), (jnp.ones((2, 3)), jnp.ones((2, 3))),
+                jax.value_and_grad(fixed), truth)
 
 
 def pairwise_duplicate_point():
@@ -131,13 +119,10 @@ def pairwise_duplicate_point():
     def fixed(x):
         return jnp.sum(jnp.exp(-safe.cdist(x, x)))
 
-    truth = (
-        "no gradient at the duplicate: |x_i - x_j| has a cone there; every pair's term "
-        "contributes a subgradient of norm at most 1, and the minimum-norm choice is 0"
-    )
-    return Case(
-        jax.grad(loss), (jnp.array([[0.0, 0.0], [1.0, 2.0], [1.0, 2.0]]),), jax.grad(fixed), truth
-    )
+    truth = ("no gradient at the duplicate: |x_i - x_j| has a cone there; every pair's term "
+             "contributes a subgradient of norm at most 1, and the minimum-norm choice is 0")
+    return Case(jax.grad(loss), (jnp.array([[0.0, 0.0], [1.0, 2.0], [1.0, 2.0]]),),
+                jax.grad(fixed), truth)
 
 
 def atan2_origin():

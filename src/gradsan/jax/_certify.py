@@ -45,8 +45,8 @@ from .._errors import UsageError
 from .._report import Finding, Frame, Report
 from .._report._records import OutputHit
 from . import _series as S
-from ._interpret import _closed
-from ._interpret import bind_eqn as _bind
+from ._compat import bind as _bind
+from ._compat import closed as _closed
 from ._series import DOMAIN, OK, POISON, PUNDEC, UNDEC, ZERO, Series, Undecided
 
 __all__ = ["certify"]

@@ -30,7 +30,7 @@ import numpy as np
 from . import _certify as C
 from . import _series as S
 from ._certify import BWD, FWD, IntVal, _const_eval, _dense_rank, _signed_terms, _tied_to_horizon
-from ._interpret import bind_eqn as _bind
+from ._compat import bind as _bind
 from ._series import DOMAIN, OK, POISON, PUNDEC, UNDEC, Series
 
 # -- small helpers on series -------------------------------------------------------------------

@@ -36,7 +36,7 @@ import numpy as np
 from . import _certify as C
 from . import _series as S
 from ._certify import BWD, FWD, IntVal, _const_eval
-from ._interpret import bind_eqn as _bind
+from ._compat import bind as _bind
 from ._series import Series, Undecided
 
 _NAMES = ("reduce_window_max", "reduce_window_min")
