@@ -12,6 +12,9 @@ import pytest
 
 from tests.conftest import line_of
 
+# slow: each test runs `gradsan run` (or a reproducer) in a subprocess
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
