@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gradsan.jax as gsj
-from gradsan.jax import _sanitize as S
+from gradsan.jax import _sanitize, _screen
 from tests.jax.test_kink_coverage import CASES, _mlp, _mlp_loss
 
 C = 0.5
@@ -15,11 +15,11 @@ C = 0.5
 
 def screen(fun, *args, **kwargs):
     """(outputs, kinks, nonfinite) from the screen itself, with no fallback."""
-    return S._Screener(fun)(args, kwargs)
+    return _screen.Screener(fun)(args, kwargs)
 
 
 def full_kinks(fun, *args):
-    _, _, ev = S.scan_kinks(fun, args, {})
+    _, _, ev = _sanitize.scan_kinks(fun, args, {})
     return [k for k in ev.kinks if not k.summarized]
 
 
@@ -84,12 +84,34 @@ def test_while_relu_tie_inside_the_loop():
     assert n == 0
 
 
+@pytest.mark.parametrize(
+    "name, f",
+    [
+        ("jit", lambda x: jnp.where(jax.jit(lambda y: y > 0)(x), x, 2 * x).sum()),
+        (
+            "cond",
+            lambda x: jax.lax.cond(
+                x[1] > 0, lambda m, y: jnp.where(m, y, 2 * y), lambda m, y: y, x > 0, x
+            ).sum(),
+        ),
+    ],
+)
+def test_comparison_keeps_its_equality_mask_across_a_call_or_branch(name, f):
+    # the comparison is computed on one side of a call or branch, the select on the other
+    x = jnp.array([0.0, 1.0, -1.0])
+    assert full_kinks(f, x)
+    _, n, _ = screen(f, x)
+    assert n > 0, name
+    _, n, _ = screen(f, x + 0.25)
+    assert n == 0, name
+
+
 def test_clean_mlp_is_answered_by_the_screen_and_cached():
     params = _mlp(jax.random.PRNGKey(0), [8, 16, 16, 4])
     x = jax.random.normal(jax.random.PRNGKey(1), (5, 8))
     y = jax.nn.one_hot(jnp.arange(5) % 4, 4)
     g = jax.grad(_mlp_loss)
-    sc = S._Screener(g)
+    sc = _screen.Screener(g)
     outs, n, bad = sc((params, x, y), {})
     assert (n, bad) == (0, False)
     want = g(params, x, y)
@@ -107,7 +129,7 @@ def test_nonfinite_goes_to_explain():
 
 def test_jitted_with_static_argument():
     f = jax.jit(lambda x, k: jnp.abs(x) * k, static_argnums=1)
-    sc = S._Screener(f)
+    sc = _screen.Screener(f)
     assert sc((jnp.float32(0.0), 2), {})[1] > 0
     assert sc((jnp.float32(1.0), 2), {})[1] == 0
     assert sc((jnp.float32(1.0), 5), {})[0] == 5.0

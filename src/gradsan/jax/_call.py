@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._errors import UsageError
@@ -19,7 +20,11 @@ __all__ = [
     "check_args",
     "check_callable",
     "flatten_call",
+    "leaf_owner",
     "output_labels",
+    "random_directions",
+    "read_tangents",
+    "trace",
 ]
 
 
@@ -264,3 +269,84 @@ def trace_call(call: FlatCall, who: str) -> Traced:
     it = iter(shapes)
     full = [next(it) if k else x for x, k in zip(box["flat"], box["keep"])]
     return Traced(closed, jax.tree_util.tree_unflatten(box["tree"], full), list(box["keep"]))
+
+
+# -- sanitize's tracing, and tangents along directions -------------------------------------------
+
+
+def trace(fun: Callable, args: tuple, kwargs: dict) -> tuple[Any, list, Any]:
+    """(closed jaxpr, flat args, in_tree) of ``fun`` at ``args``; static arguments of a jit
+    stay bound."""
+    call = flatten_call(fun, args, kwargs)
+    flat_args = [
+        jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a for a in call.flat
+    ]
+    closed = jax.make_jaxpr(call.fun)(*flat_args)
+    return closed, flat_args, call.in_tree
+
+
+def leaf_owner(args: tuple, kwargs: dict) -> list[int | str]:
+    """For each flat leaf of (args, kwargs): its positional index or keyword name."""
+    owner: list[int | str] = []
+    for i, a in enumerate(args):
+        owner += [i] * len(jax.tree_util.tree_leaves(a))
+    for k, v in kwargs.items():
+        owner += [k] * len(jax.tree_util.tree_leaves(v))
+    return owner
+
+
+def random_directions(
+    flat_args: list, owner: list, argnums: Any, n: int, seed: int = 0
+) -> list[list]:
+    """``n`` random directions: per flat argument a normal tangent, or None for a non-float
+    argument or one outside ``argnums``."""
+    dirs = []
+    for j in range(n):
+        key = jax.random.PRNGKey(seed + 7919 * j)
+        ts: list = []
+        for i, a in enumerate(flat_args):
+            dt = getattr(a, "dtype", None)
+            if (
+                dt is None
+                or not jnp.issubdtype(dt, jnp.inexact)
+                or (argnums is not None and owner[i] not in argnums)
+            ):
+                ts.append(None)
+                continue
+            key, sub = jax.random.split(key)
+            ts.append(jax.random.normal(sub, np.shape(a), jnp.float32).astype(jnp.result_type(a)))
+        dirs.append(ts)
+    return dirs
+
+
+def read_tangents(
+    flat_args: list, directions: list[list], read: Callable[[list], dict]
+) -> list[dict]:
+    """For each direction (one tangent or None per flat argument): ``read(args)`` run under
+    ``jax.jvp`` along it returns {key: [values met on the way]}; this returns {key: [their
+    tangents]} (float64; zeros where a value has none)."""
+    results = []
+    for tangents in directions:
+        idx = [i for i, t in enumerate(tangents) if t is not None]
+        found: dict = {}
+
+        def f(*dyn: Any, idx: list = idx, found: dict = found) -> jax.Array:
+            full = list(flat_args)
+            for i, d in zip(idx, dyn):
+                full[i] = d
+            found.update(read(full))
+            return jnp.zeros(())
+
+        jax.jvp(f, [flat_args[i] for i in idx], [tangents[i] for i in idx])
+        results.append({k: [_tangent_of(v) for v in vals] for k, vals in found.items()})
+    return results
+
+
+def _tangent_of(v: Any) -> np.ndarray:
+    t = getattr(v, "tangent", None)
+    if t is None or type(t).__name__ in ("Zero", "SymbolicZero"):
+        return np.zeros(np.shape(v), np.float64)
+    a = np.asarray(t)
+    if a.dtype.kind not in "fc":
+        return np.zeros(np.shape(v), np.float64)
+    return a.astype(np.float64)

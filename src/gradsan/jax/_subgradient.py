@@ -27,16 +27,11 @@ import numpy as np
 from .. import _catalog
 from .._report import Finding, Report
 from .._report._build import catalog_finding
-from ._call import check_callable
-from ._sanitize import (
-    Kink,
-    KinkEval,
-    _bind,
-    _is_float,
-    _leaf_owner,
-    read_tangents,
-    scan_kinks,
-)
+from ._call import check_callable, leaf_owner
+from ._compat import bind as _bind
+from ._rules import is_float
+from ._sanitize import CUSTOM_RULE_CALLS, DependenceEval, Kink, kink_tangents, scan_kinks
+from .interpreter import Scope
 
 CONTINUOUS = {
     "abs",
@@ -56,6 +51,36 @@ CONTINUOUS = {
     "reduce_window_min",
 }
 JUMP_OPS = {"sign", "floor", "ceil", "round", "trunc"}
+
+
+class LockedEval(DependenceEval):
+    """Run under ``jax.grad``: the evaluations in ``decisions`` are replaced by the branch
+    active along the chosen direction; a call with a custom derivative rule (a safe function)
+    keeps its rule unless a kink inside it is locked (``locked_calls``)."""
+
+    def __init__(self, decisions: dict, locked_calls: set) -> None:
+        super().__init__()
+        self.decisions = decisions
+        self.locked_calls = locked_calls
+
+    def evaluate(self, eqn: Any, invals: list, key: tuple) -> list:
+        lock = self.decisions.get(key)
+        return lock(invals) if lock is not None else _bind(eqn, invals)
+
+    def call(
+        self,
+        eqn: Any,
+        jaxpr: Any,
+        consts: list,
+        invals: list,
+        insides: list,
+        scope: Scope,
+        key: tuple,
+    ) -> tuple[list, list]:
+        if eqn.primitive.name in CUSTOM_RULE_CALLS and key not in self.locked_calls:
+            outs = _bind(eqn, invals)
+            return outs, [any(insides)] * len(outs)
+        return super().call(eqn, jaxpr, consts, invals, insides, scope, key)
 
 
 def _f(x) -> np.ndarray:
@@ -209,7 +234,8 @@ def _lock(k: Kink, tans: list[np.ndarray]):
         choice = np.zeros(x.shape, np.int64)
         unb = np.zeros(x.shape, bool)
         rng = list(range(n - 1, -1, -1)) if rev else list(range(n))
-        bx = bt = None
+        bx: Any = None
+        bt: Any = None
         bi = np.zeros(x.shape[:-1], np.int64)
         bu = np.zeros(x.shape[:-1], bool)
         for i in rng:
@@ -366,8 +392,8 @@ def subgradient(
     @functools.wraps(fun)
     def wrapped(*args: Any, **kwargs: Any) -> tuple[Any, Report]:
         closed, flat_args, ev = scan_kinks(fun, args, kwargs)
-        owner = _leaf_owner(args, kwargs)
-        diff = [i for i, a in enumerate(flat_args) if owner[i] in nums and _is_float(a)]
+        owner = leaf_owner(args, kwargs)
+        diff = [i for i, a in enumerate(flat_args) if owner[i] in nums and is_float(a)]
         rk = jax.random.PRNGKey(0) if key is None else key
         v: list = [None] * len(flat_args)
         for i in diff:
@@ -381,7 +407,7 @@ def subgradient(
         ]
         lockable += ev.cmp_kinks
         want = {k.key for k in lockable}
-        tans = read_tangents(closed, flat_args, want, [v])[0] if want else {}
+        tans = kink_tangents(closed, flat_args, want, [v])[0] if want else {}
         decisions: dict = {}
         unbroken: dict = {}
         for k in lockable:
@@ -399,7 +425,7 @@ def subgradient(
             full = list(flat_args)
             for i, d in zip(diff, dyn):
                 full[i] = d
-            lev = KinkEval("lock", decisions=decisions, locked_calls=ev.calls_with_kinks)
+            lev = LockedEval(decisions, ev.calls_with_kinks)
             outs, _ = lev.run_closed(closed, full, [False] * len(full))
             if len(outs) != 1 or np.shape(outs[0]) != ():
                 raise TypeError(

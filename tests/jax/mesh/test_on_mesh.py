@@ -150,3 +150,25 @@ def test_pmap():
     [finding] = gsj.explain(g)(x).findings
     assert finding.primitive == "sqrt" and finding.where.line == _line(loss, "L:pmap")
     assert finding.detail["device"] == 5
+
+
+def _norm_loss(w, x):
+    return jnp.mean(jnp.sqrt(jnp.sum(x * x * w, axis=1)))  # L:jitnorm
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_sharded_jit_names_the_device_of_the_row(explicit):
+    from jax.sharding import AxisType, NamedSharding
+
+    types = (AxisType.Explicit if explicit else AxisType.Auto,) * 2
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=types)
+    x = jax.device_put(jnp.ones((16, 4)).at[10].set(0.0), NamedSharding(mesh, P("data")))
+    g = jax.jit(jax.grad(_norm_loss))
+    w = jnp.ones((4,))
+    assert np.isnan(np.asarray(g(w, x))).any()
+    [finding] = gsj.explain(g)(w, x).findings
+    assert finding.primitive == "sqrt" and finding.where.line == _line(_norm_loss, "L:jitnorm")
+    assert finding.index == (10,)
+    # rows 8-11 live on data=2; replicated over `model`: the device at model=0 is named
+    assert finding.detail["mesh_coordinate"]["data"] == 2
+    assert "held by device" in finding.context

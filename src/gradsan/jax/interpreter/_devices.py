@@ -23,7 +23,7 @@ from jax.extend import core as jcore
 from .. import _compat
 from ._core import Interpreter, Scope
 
-__all__ = ["Layout", "Shard", "enter_shard_map", "shard_map_rule"]
+__all__ = ["Layout", "Shard", "enter_shard_map", "holder", "shard_map_rule"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,3 +357,36 @@ def shard_map_rule(
     if entered is not None:
         return entered
     return interp.first_order(eqn, invals, insides, scope, key)
+
+
+# -- jit with shardings -------------------------------------------------------------------------
+
+
+def holder(arrays: list, shape: tuple, index: tuple) -> tuple[int, dict[str, int]] | None:
+    """(device id, mesh coordinate) of the device holding element ``index`` of a value laid out
+    like one of ``arrays`` (a jit argument sharded over a mesh): the value has that array's
+    shape, or its leading dimensions' (a per-row reduction). None when no sharded argument
+    fits, or more than one does with different layouts."""
+    n = len(index)
+    found = set()
+    for a in arrays:
+        sharding = getattr(a, "sharding", None)
+        mesh = getattr(sharding, "mesh", None)
+        a_shape = tuple(np.shape(a))
+        if sharding is None or mesh is None or a_shape[:n] != shape:
+            continue
+        if len(getattr(sharding, "device_set", ())) < 2:
+            continue
+        if len(shape) != n:
+            continue
+        for dev, slices in sharding.devices_indices_map(a_shape).items():
+            if all(i in range(*sl.indices(size)) for i, sl, size in zip(index, slices, a_shape)):
+                pos = np.argwhere(np.asarray(mesh.devices) == dev)
+                if len(pos):
+                    coord = {str(k): int(c) for k, c in zip(mesh.axis_names, pos[0])}
+                    found.add((int(dev.id), tuple(coord.items())))
+                break
+    if len(found) != 1:
+        return None
+    (dev_id, coord_items) = found.pop()
+    return dev_id, dict(coord_items)

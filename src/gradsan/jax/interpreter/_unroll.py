@@ -11,7 +11,14 @@ import numpy as np
 from .. import _compat
 from ._core import Interpreter, Rule, Scope
 
-__all__ = ["UNROLL", "cond_rule", "scan_rule", "while_rule"]
+__all__ = [
+    "UNROLL",
+    "cond_rule",
+    "scan_bad_iterations",
+    "scan_carry_at",
+    "scan_rule",
+    "while_rule",
+]
 
 
 def cond_rule(
@@ -106,3 +113,53 @@ UNROLL: dict[Any, Rule] = {
     _compat.scan_p: scan_rule,
     _compat.while_p: while_rule,
 }
+
+
+# -- long scans: compiled prefixes instead of every iteration -------------------------------------
+
+
+def _split_scan(eqn: Any, invals: list) -> tuple[list, list, list]:
+    nc, nk = eqn.params["num_consts"], eqn.params["num_carry"]
+    return list(invals[:nc]), list(invals[nc : nc + nk]), list(invals[nc + nk :])
+
+
+def scan_carry_at(eqn: Any, invals: list, i: int) -> list:
+    """The carry entering iteration ``i`` of a scan, computed by the compiled scan of the
+    iterations before it (in execution order: ``reverse`` scans run from the end)."""
+    p = eqn.params
+    length, reverse = p["length"], p.get("reverse", False)
+    consts, carry, xs = _split_scan(eqn, invals)
+    steps = length - 1 - i if reverse else i
+    if steps == 0:
+        return carry
+    part = [np.asarray(x)[length - steps :] if reverse else np.asarray(x)[:steps] for x in xs]
+    params = eqn.primitive.get_bind_params({**p, "length": steps})
+    return _compat.bind(eqn, [*consts, *carry, *part], params)[: p["num_carry"]]
+
+
+def scan_bad_iterations(eqn: Any, invals: list) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration, whether any value the body returns there is non-finite, and whether any
+    is NaN: one compiled scan of the body with the two flags as extra outputs."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    p = eqn.params
+    closed = p["jaxpr"]
+    nk = p["num_carry"]
+    consts, carry, xs = _split_scan(eqn, invals)
+
+    def flagged(consts: list, carry: list, xs: list) -> Any:
+        def body(c: list, x: list) -> tuple[list, Any]:
+            outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *consts, *c, *x)
+            ok, no_nan = jnp.array(True), jnp.array(True)
+            for o in outs:
+                if jnp.issubdtype(jnp.result_type(o), jnp.inexact):
+                    ok = ok & jnp.all(jnp.isfinite(o))
+                    no_nan = no_nan & ~jnp.any(jnp.isnan(o))
+            return list(outs[:nk]), (ok, no_nan)
+
+        return lax.scan(body, carry, xs, length=p["length"], reverse=p.get("reverse", False))[1]
+
+    ok, no_nan = jax.jit(flagged)(consts, carry, xs)
+    return ~np.asarray(ok), ~np.asarray(no_nan)
