@@ -4,6 +4,9 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+# slow: pytest runs pytest in a subprocess
+pytestmark = pytest.mark.slow
+
 JAX_TESTS = """
 import jax, jax.numpy as jnp
 import pytest

@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import line_of
+
+# slow: each test runs `gradsan run` (or a reproducer) in a subprocess
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
@@ -17,13 +22,6 @@ EXAMPLES = ROOT / "examples"
 def gradsan(*args, cwd, timeout=120):
     return subprocess.run([sys.executable, "-m", "gradsan", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def line_of(path: Path, marker: str) -> int:
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.rstrip().endswith(f"# {marker}"):
-            return i
-    raise LookupError(marker)
 
 
 def last_step(stdout: str) -> str:

@@ -28,6 +28,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 import gradsan.jax as gsj  # noqa: E402
 
+# slow: the certify fuzz (the smaller one alone takes minutes)
+pytestmark = pytest.mark.slow
+
 mp = mpmath.mp
 
 

@@ -13,6 +13,9 @@ import jax.numpy as jnp  # noqa: E402
 
 import gradsan.jax as gsj  # noqa: E402
 
+# slow: decompositions through nested-JVP Taylor series (~75 s)
+pytestmark = pytest.mark.slow
+
 _rng = np.random.default_rng(1)
 _A = _rng.standard_normal((3, 3))
 M = _A @ _A.T + 3 * np.eye(3)

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from _lines import col_of, line_of
 
 import gradsan
 import gradsan.torch as gst
+from tests.conftest import col_of, line_of
 
 
 def test_zygote_seed_blames_inner_sqrt():

@@ -2,10 +2,10 @@ import copy
 
 import pytest
 import torch
-from _lines import line_of
 
 import gradsan
 import gradsan.torch as gst
+from tests.conftest import line_of
 
 
 def make(seed=0, dropout=0.0):

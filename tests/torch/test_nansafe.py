@@ -1,7 +1,7 @@
 import torch
-from _lines import line_of
 
 import gradsan.torch as gst
+from tests.conftest import line_of
 
 
 def test_where_trap_unselected_branch_is_repaired():

@@ -1,7 +1,7 @@
 import torch
-from _lines import line_of
 
 import gradsan.torch as gst
+from tests.conftest import line_of
 
 
 def test_kinks_are_flagged_with_their_lines():

@@ -1075,7 +1075,7 @@ def _reduce_axes(x, axis):
     return tuple(a % x.ndim for a in axis)
 
 
-def _prep_mask(x, where):
+def _prep_mask(x: ArrayLike, where: ArrayLike | None) -> tuple[jax.Array, jax.Array, bool]:
     x = _inexact(x)
     if where is None:
         return x, jnp.ones(x.shape, bool), False

@@ -142,7 +142,7 @@ def _unary(
                 return out
         return g * coef(x, y)
 
-    fn = type(
+    fn: type[torch.autograd.Function] = type(
         f"_{name.capitalize()}",
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(backward)},
