@@ -4,7 +4,6 @@ eagerly under the tracer and raise NonFiniteError with the explanation."""
 from __future__ import annotations
 
 import cmath
-import contextlib
 import functools
 import math
 import warnings
@@ -16,6 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
+from . import _compat
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._mode import all_finite, tensors_in
 
@@ -43,7 +43,7 @@ def finite(grads: list[torch.Tensor], extra: list[torch.Tensor] = ()) -> bool:  
                 by_dev.setdefault((g.device, g.dtype), []).append(g)
             groups = by_dev.values()
         for gs in groups:
-            norms = torch._foreach_norm(gs)
+            norms = _compat.foreach_norm(gs)
             total = norms[0] if len(norms) == 1 else torch.stack(norms).sum()
             if not _finite_number(total.item()):
                 ok = False
@@ -98,21 +98,7 @@ def _discover(fn: Any) -> tuple[list[tuple[torch.nn.Module, str]], list[Any]]:
     return mods, opts
 
 
-@contextlib.contextmanager
-def _eager() -> Any:
-    """Run torch.compile'd code eagerly, so the tracer sees every operation."""
-    import sys
-
-    if "torch._dynamo" not in sys.modules:  # nothing was compiled: don't pay dynamo's import
-        yield
-        return
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None:  # pragma: no cover - older torch
-        with torch._dynamo.config.patch(disable=True):
-            yield
-        return
-    with set_stance("force_eager"):
-        yield
+_eager = _compat.force_eager
 
 
 class _StepCheck:

@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._blame import Blame
 from .._report import Frame
-from . import _rules
+from . import _compat, _rules
+from ._compat import TorchDispatchMode, TorchFunctionMode
 from ._source import user_frame, user_frame_object
 
 Key = tuple
@@ -613,13 +612,13 @@ class _DispatchMode(TorchDispatchMode):
         if kind and args and isinstance(args[0], torch.Tensor):
             dest = None
             if kind == 2:
-                with torch._C.DisableTorchFunction():
+                with _compat.disable_torch_function():
                     d = args[0]
                     nan = nonfinite(d) if is_float(d) else None
                     if nan is not None:
                         dest = (d.clone(), self.tracer.producer_of(d) or External(d.clone()), nan)
         out = func(*args, **kwargs)
-        with torch._C.DisableTorchFunction():
+        with _compat.disable_torch_function():
             self.tracer.on_aten(func, node, args, kwargs, out, dest)
         return out
 
@@ -637,11 +636,10 @@ class _DispatchModeNoDynamo(_DispatchMode):
 
 
 def dispatch_mode(tracer: Tracer) -> _DispatchMode:
-    import sys
 
-    if "torch._dynamo" in sys.modules:
+    if _compat.dynamo_loaded():
         return _DispatchMode(tracer)
     return _DispatchModeNoDynamo(tracer)
 
 
-_current_node = torch._C._current_autograd_node
+_current_node = _compat.current_autograd_node
