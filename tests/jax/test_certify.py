@@ -539,8 +539,9 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
     order; the values must be flagged, never placed by the unknown coefficient read as 0."""
     from fractions import Fraction
 
-    from gradsan.jax import _certify as C
-    from gradsan.jax import _series as S
+    from gradsan.jax.certify import _series as S
+    from gradsan.jax.certify._registry import FWD
+    from gradsan.jax.certify._values import Ctx
 
     x = jnp.zeros(2)
     eqn = jax.make_jaxpr(jax.lax.sort)(x).eqns[0]
@@ -550,7 +551,7 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
         np.zeros(2, np.int8),
         (2,),
     )
-    outs, _ = C.FWD["sort"](C.Ctx(), eqn, [a], [True])
+    outs, _ = FWD["sort"](Ctx(), eqn, [a], [True])
     assert (outs[0].bad != 0).all()
     b = S.mk(
         {(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0): np.array([2.0, 1.0])},
@@ -558,7 +559,7 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
         np.zeros(2, np.int8),
         (2,),
     )
-    outs, _ = C.FWD["sort"](C.Ctx(), eqn, [b], [True])  # exact: decided
+    outs, _ = FWD["sort"](Ctx(), eqn, [b], [True])  # exact: decided
     assert (outs[0].bad == 0).all()
     np.testing.assert_array_equal(outs[0].terms[(S.q(Fraction(1)), 0)], [1.0, 2.0])
 
@@ -604,7 +605,7 @@ def test_a_value_compared_with_itself_is_decided():
 def test_min_norm_hull_is_exact_for_several_points(k):
     """The KKT conditions of min |x| over the hull: x . p_i >= |x|^2 for every point, x in the
     hull. (Frank-Wolfe with 500 steps left |x| = 0.022 where the answer is 0.)"""
-    from gradsan.jax._certify import min_norm_hull
+    from gradsan.jax.certify._hull import min_norm_hull
 
     rng = np.random.default_rng(k)
     pts = [rng.standard_normal(7) + 0.5 for _ in range(k)]

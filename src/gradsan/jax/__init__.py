@@ -6,7 +6,7 @@ step = gsj.guard(train_step)                    # raises gradsan.NonFiniteError,
 """
 
 from . import safe as safe
-from ._certify import certify as certify
+from .certify import certify as certify
 from ._explain import explain as explain
 from ._guard import guard as guard
 from ._nansafe import nansafe as nansafe

@@ -20,7 +20,7 @@ from jax.extend import core as jcore
 
 from .._catalog._classify import classify
 from .._report import Frame
-from . import _numpy_impl, _rules
+from . import _numpy, _rules
 from ._source import Place, place
 
 FINITE, INF, NAN = 0, 1, 2
@@ -240,7 +240,7 @@ class Interpreter:
 
     def first_order(self, eqn, invals, insrcs, scope: Scope, outvals=None):
         if outvals is None:
-            outvals = _numpy_impl.evaluate(eqn, invals) if self.fast else None
+            outvals = _numpy.evaluate(eqn, invals) if self.fast else None
             if outvals is None:
                 outvals = bind_eqn(eqn, invals)
         status = tuple(_status(o) for o in outvals)
