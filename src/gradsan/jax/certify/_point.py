@@ -137,11 +137,10 @@ def _np_eval(jaxpr, consts: list, args: list, marks: dict) -> list:
             sub_reach = {k + 1 for k in marks.pop(("reach", id(body)), set())}
         else:
             try:
-                outs = evaluate_float(eqn, ins)
+                got = evaluate_float(eqn, ins)
             except (ValueError, TypeError):  # an empty reduction, an odd shape: JAX decides
-                outs = None
-            if outs is None:
-                outs = [np.asarray(o) for o in _bind(eqn, ins)]
+                got = None
+            outs = got if got is not None else [np.asarray(o) for o in _bind(eqn, ins)]
             if _is_event(eqn, ins, outs):
                 events.append(i)
         if sub_reach:
@@ -164,10 +163,10 @@ def _np_eval(jaxpr, consts: list, args: list, marks: dict) -> list:
             if isinstance(v, jcore.Literal) or v in hot:
                 continue
             hot.add(v)
-            i = prod.get(v)
-            if i is not None:
-                marks[(id(jaxpr), i)] = True  # a call: its whole body at the higher cap
-                stack += list(jaxpr.eqns[i].invars)
+            j = prod.get(v)
+            if j is not None:
+                marks[(id(jaxpr), j)] = True  # a call: its whole body at the higher cap
+                stack += list(jaxpr.eqns[j].invars)
         reach = {k for k, v in enumerate(jaxpr.invars) if v in hot}
         if reach:
             marks[("reach", id(jaxpr))] = reach

@@ -128,10 +128,10 @@ def _ray_sweeps(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
 def _value_verdict(y: Series, fx0: float):
     """(a final RayResult or None, lim f(x0 + t v), f'(x0; v), removable) from the value series
     of a scalar loss along the ray."""
-    isinf, iy, hard = (bool(np.reshape(z, ())) for z in S.inf_parts(y))
+    isinf, inf_sign, hard = (bool(np.reshape(z, ())) for z in S.inf_parts(y))
     if isinf:  # +-inf for every small t, or tending to it
         what = "is" if hard else "->"
-        if not iy:
+        if not inf_sign:
             return (
                 RayResult(
                     "SINGULAR",
@@ -397,7 +397,7 @@ def _final(res: RayResult) -> bool:
 def _certify_ray(
     ctx: Ctx, closed, x0s, vs, fx0, terms: int, events: dict, start: int = 0
 ) -> RayResult:
-    res = None
+    res: RayResult | None = None
     for c, caps, bc in _caps(terms, events)[start:]:
         ctx.caps, ctx.bwd_cap = caps, bc
         try:
@@ -408,7 +408,7 @@ def _certify_ray(
         res.cap = c
         if _final(res):
             return res
-    return res
+    return res  # type: ignore[return-value]  # _caps gives at least one cap past `start`
 
 
 # -- several rays in one sweep -----------------------------------------------------------------
@@ -517,7 +517,7 @@ def _certify_rays(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, traced: d
         results = [None] * R
     finally:
         ctx.caps, ctx.bwd_cap, ctx.memo = {}, None, {}
-    events = None
+    events = None  # type: ignore[assignment]  # computed below for the first ray that needs it
     for r, res in enumerate(results):
         if res is not None:
             res.cap = c

@@ -41,6 +41,7 @@ import enum
 import math
 from collections.abc import Callable, Iterator
 from fractions import Fraction
+from typing import Literal
 
 import numpy as np
 
@@ -183,10 +184,15 @@ class Series:
         self.H = H
         self.bad = bad
         self.inf = inf
-        self._v = self._ez = self._ld = None  # caches of val, exact_zero, lead (immutable)
-        self._hu = self._vu = False  # caches of uniform_h, uniform_veff (False: not computed)
+        # caches of val, exact_zero, lead (immutable)
+        self._v: np.ndarray | None = None
+        self._ez: np.ndarray | None = None
+        self._ld: tuple | None = None
+        # caches of uniform_h, uniform_veff (False: not computed)
+        self._hu: float | None | Literal[False] = False
+        self._vu: float | None | Literal[False] = False
         self._c = False  # an exact constant (made by `exact` / `zeros`)
-        self._ma = None  # max |coefficient| per term (see `max_abs`)
+        self._ma: dict | None = None  # max |coefficient| per term (see `max_abs`)
         self._pz = False  # a constant +0.0 (IEEE: 1 / +0.0 = +inf), see `exact`
 
     # -- constructors ---------------------------------------------------------------------------

@@ -24,9 +24,9 @@ def fwd_jaxpr(ctx: Ctx, jaxpr, consts: list, args: list, active_in: Sequence[boo
     active: set = set()
     for v, c in zip(jaxpr.constvars, consts):
         env[v] = c if isinstance(c, (Series, IntVal)) else _lift(c, v.aval)
-    for v, a, act in zip(jaxpr.invars, args, active_in):
+    for v, a, a_in in zip(jaxpr.invars, args, active_in):
         env[v] = a
-        if act:
+        if a_in:
             active.add(v)
     aux: dict = {}
     for i, eqn in enumerate(jaxpr.eqns):
@@ -84,7 +84,7 @@ def _memo_key(eqn, ins) -> tuple | None:
     params = hit[1]
     if params is None:
         return None
-    keys = []
+    keys: list = []
     for v, x in zip(eqn.invars, ins):
         if isinstance(v, jcore.Literal):
             a = np.asarray(v.val)

@@ -479,7 +479,7 @@ def _pow_exponents(y: Series) -> np.ndarray | None:
     return out
 
 
-def _pow_const(x: Series, P: np.ndarray, shift: int = 0) -> Series:
+def _pow_const(x: Series, P: np.ndarray, shift: int = 0) -> Series | None:
     shape = np.broadcast_shapes(x.shape, P.shape)
     x = S.bcast(x, shape)
     P = np.broadcast_to(P, shape)

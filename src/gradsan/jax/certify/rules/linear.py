@@ -342,7 +342,7 @@ def _contract_terms(spec: str, x: Series, y: Series, out_shape) -> tuple[dict, n
         # the number of products in each contracted sum
         K = math.prod(d for ch, d in zip(sx, np.shape(kx[0][1])) if ch not in so) or 1
         maxx = max(S.max_abs(x, kx[i][0]) for i in ix)
-        kept = {}
+        kept: dict = {}
         for i, j, _e, _jj, drop in pairs:
             if not drop:
                 kept.setdefault(j, []).append(i)
@@ -508,7 +508,7 @@ def _conv_fns(eqn, ls: tuple, rs: tuple):
     if "preferred_element_type" in params:
         params["preferred_element_type"] = None  # float64 in, float64 out
     try:
-        key = (tuple(sorted(params.items())), ls, rs)
+        key: tuple = (tuple(sorted(params.items())), ls, rs)
         hash(key)
     except TypeError:
         key = (id(eqn), ls, rs)
