@@ -24,9 +24,10 @@ where they were nonzero. Coefficients that cancel in a sum down to ``TOL`` times
 of what was summed are set to exactly zero: cancellation is judged relative to the operands,
 never to the result (the float subtlety of theory.md 6.5).
 
-The elementwise rules (power, log, exp, analytic Taylor composition, atan2) are the forward
-rules of theory.md 6.5; local partials for the reverse sweep are built from the same operations
-by the caller (the rules of ``certify``).
+The elementwise rules (analytic Taylor composition here, with the coefficients of
+:mod:`._taylor`; power, log, exp, atan2 in :mod:`._singular`) are the forward rules of theory.md
+6.5; local partials for the reverse sweep are built from the same operations by the caller (the
+rules of ``certify``).
 
 Exponents are interned fractions (:class:`Q`): equal to, and hashing like, the Fraction of their
 value, with their hash, their float and their sums cached (this bookkeeping is a good part of
