@@ -2,164 +2,247 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import inspect
+import itertools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 
 from .. import _catalog
 from .._catalog._classify import classify, format_value
-from .._errors import UsageError
-from .._report import Finding, OutputHit, Report
+from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import catalog_finding
-from . import _rules
-from ._interpret import FINITE, INF, NAN, Interpreter, Node, group_key
-from ._source import custom_vjp_rule_frame, exclude_gradsan
+from . import _compat, _numpy, _rules
+from ._call import (
+    arg_labels,
+    check_args,
+    check_callable,
+    flatten_call,
+    output_labels,
+    trace_call,
+)
+from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
+from .interpreter import UNROLL, Interpreter, Scope, to_numpy
 
 exclude_gradsan()
 
 
-# -- one call, flattened ------------------------------------------------------------------------
+# -- the provenance sidecar -----------------------------------------------------------------------
+#
+# Every value carries a ``Src``: the ``Node`` (one equation evaluation) that produced it and the
+# output index, or None for a finite value with no history worth keeping. Nodes keep references
+# to their inputs' Srcs, never arrays, so the dataflow can be walked back after the fact while
+# dead arrays are freed. Arrays are kept only at the rare nodes where a non-finite value was
+# born (origins) or where an inf became a NaN (poisons).
+
+FINITE, INF, NAN = 0, 1, 2
 
 
-class FlatCall(NamedTuple):
-    """``fun(*args, **kwargs)`` as a function of its flat array leaves. A jitted ``fun``'s
-    static arguments stay Python values, bound in ``fun`` (they flatten to no leaves)."""
+@dataclasses.dataclass(eq=False)
+class Node:
+    """One evaluation of one equation (or an input, a constant, a stacked scan output)."""
 
-    flat: list
-    in_tree: Any
-    fun: Callable  # flat leaves -> outputs; a fresh closure per call (make_jaxpr caches per callable)
-    dyn_args: tuple
-    dyn_kwargs: dict
-    statics: tuple  # the static values, hashable (a cache key together with in_tree)
+    kind: str  # "eqn", "input", "const", "stack"
+    eqn: Any = None
+    scope: Scope | None = None
+    ins: tuple = ()  # Src per input (None for finite values)
+    status: tuple = ()  # per output: FINITE / INF / NAN
+    seq: int = 0
+    place: Place | None = None
+    hit: Any = None  # catalog Hit summary when this primal op ran at a singular point
+    operands: list | None = None  # numpy operands, kept at origins and poisons only
+    outs: list | None = None  # numpy outputs, same
+    first_bad: tuple | None = None  # per output 0: first non-finite index
+    label: str = ""  # input path / constant description
+    backward: bool = False
+    run: int = 0  # consecutive equations at one source position share it
+    body_frame: Frame | None = None  # shard_map: the body's first user line
+    body_prim: str = ""
 
+    @property
+    def prim(self) -> str:
+        return self.eqn.primitive.name if self.eqn is not None else self.kind
 
-def flatten_call(
-    fun: Callable, args: tuple, kwargs: dict, traced: Callable | None = None
-) -> FlatCall:
-    info = getattr(fun, "_jit_info", None)
-    s_pos = set(getattr(info, "static_argnums", ()) or ())
-    s_names = set(getattr(info, "static_argnames", ()) or ())
-    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
-    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
-    flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-    pos = {i: args[i] for i in s_pos if i < len(args)}
-    names = {k: kwargs[k] for k in s_names if k in kwargs}
-    target = traced or fun
+    @property
+    def user_frame(self) -> Frame | None:
+        if self.place is not None and self.place.user is not None:
+            return self.place.user
+        return self.scope.frame if self.scope is not None else None
 
-    def flat_fun(*leaves):
-        a, k = jax.tree_util.tree_unflatten(in_tree, list(leaves))
-        a = tuple(pos[i] if i in pos else x for i, x in enumerate(a))
-        k = {n: (names[n] if n in names else x) for n, x in k.items()}
-        return target(*a, **k)
-
-    statics = (tuple(sorted(pos.items())), tuple(sorted(names.items())))
-    return FlatCall(flat, in_tree, flat_fun, dyn_args, dyn_kwargs, statics)
-
-
-# -- input checks -------------------------------------------------------------------------------
-
-
-def check_callable(fun: Any, who: str) -> None:
-    if not callable(fun):
-        raise UsageError(
-            f"gradsan.jax.{who} takes a function, got {type(fun).__name__} {fun!r:.60}. "
-            f"Wrap the function, then call it: gradsan.jax.{who}(jax.grad(loss))(params)"
-        )
+    @property
+    def library(self) -> str | None:
+        lib = self.place.library if self.place is not None else None
+        return (self.scope.library if self.scope is not None else None) or lib
 
 
-def check_args(flat_args: list, labels: list[str], who: str) -> None:
-    for a, label in zip(flat_args, labels):
-        if isinstance(a, (str, bytes)):
-            raise UsageError(
-                f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__} ({a!r:.40}); "
-                "JAX can only trace arrays and numbers. Bind non-array arguments first: "
-                f"gradsan.jax.{who}(functools.partial(fun, {label.split('[')[0]}={a!r:.20}))(...)"
-            )
-        if not (
-            isinstance(a, (jax.Array, np.ndarray, np.generic, int, float, complex, bool))
-            or hasattr(a, "__jax_array__")
-            or hasattr(a, "dtype")
-        ):
-            raise UsageError(
-                f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__}, which JAX cannot "
-                "trace. Pass arrays (jnp.asarray(x)) or bind it with functools.partial."
-            )
+Src = tuple  # (Node, output index)
 
 
-def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], list]:
-    """Names for the flattened arguments: ``theta``, ``params['w']``."""
-    try:
-        sig = inspect.signature(fun)
-        names = [
-            p.name
-            for p in sig.parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
-        ]
-    except (TypeError, ValueError):
-        names = []
-    labels: list[str] = []
-    leaves: list = []
-    for i, a in enumerate(args):
-        base = names[i] if i < len(names) and not names[i].startswith("*") else f"args[{i}]"
-        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
-            labels.append(base + jax.tree_util.keystr(path))
-            leaves.append(leaf)
-    for k, a in kwargs.items():
-        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
-            labels.append(k + jax.tree_util.keystr(path))
-            leaves.append(leaf)
-    return labels, leaves
+@dataclasses.dataclass
+class HitSummary:
+    entry_id: str
+    count: int
+    size: int
+    index: tuple
+    got: str
 
 
-def output_labels(
-    fun: Callable, out_shape: Any, args: tuple, in_labels: list[str]
-) -> list[tuple[str, str]]:
-    """(path, kind) of each output leaf. Gradients are named after their argument (kind
-    "grad"), value_and_grad's value is "value", anything else is "output"."""
-    tree = jax.tree_util
-    paths = [tree.keystr(p) for p, _ in tree.tree_flatten_with_path(out_shape)[0]]
-    doc = getattr(fun, "__doc__", None) or ""
-    # in_labels are the flattened arguments' names; split them per positional argument
-    starts = [0]
-    for a in args:
-        starts.append(starts[-1] + len(tree.tree_leaves(a)))
-    per_arg = [in_labels[starts[i] : starts[i + 1]] for i in range(len(args))]
+def _status(x: Any) -> int:
+    dt = getattr(x, "dtype", None)
+    if dt is None or not jax.numpy.issubdtype(dt, jax.numpy.inexact):
+        return FINITE
+    a = np.asarray(x)
+    if a.dtype.kind not in "fc":
+        a = a.astype(np.float32)
+    with np.errstate(all="ignore"):
+        if np.isfinite(a).all():
+            return FINITE
+        return NAN if np.isnan(a).any() else INF
 
-    def grads_of(shape) -> list[tuple[str, str]] | None:
-        if args and tree.tree_structure(shape) == tree.tree_structure(args[0]):
-            return [(lbl, "grad") for lbl in per_arg[0]]
-        if (
-            isinstance(shape, tuple)
-            and 0 < len(shape) <= len(args)
-            and all(tree.tree_structure(s) == tree.tree_structure(a) for s, a in zip(shape, args))
-        ):  # argnums=(0, 1, ...)
-            return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
-        return None
 
-    if (
-        doc.startswith("Value and gradient of")
-        and isinstance(out_shape, tuple)
-        and len(out_shape) == 2
-    ):
-        g = grads_of(out_shape[1])
-        if g is not None:
-            n_val = len(tree.tree_leaves(out_shape[0]))
-            if isinstance(out_shape[0], tuple) and len(out_shape[0]) == 2:  # has_aux
-                vals = [
-                    ("value" + p[6:] if p.startswith("[0][0]") else "aux" + p[6:], "value")
-                    for p in paths[:n_val]
-                ]
+def _first_bad(x: Any) -> tuple:
+    a = np.asarray(x)
+    if a.dtype.kind not in "fc":
+        a = a.astype(np.float32)
+    idx = np.argwhere(~np.isfinite(a))
+    return tuple(int(i) for i in idx[0]) if len(idx) else ()
+
+
+def group_key(scope: Scope, pl: Place) -> tuple:
+    """Equations of one primal operation and of its derivative rule share this key, also across
+    the forward and transposed copies of a jit, scan iteration or cond branch."""
+    f = scope.frame
+    return (scope.path, (f.file, f.line, f.column) if f is not None else None, pl.key)
+
+
+def _shard_map_rule(
+    interp: Provenance, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
+) -> tuple[list, list]:
+    """shard_map and friends: run as one operation, attributed to the body's first user line."""
+    outvals, outsides = interp.first_order(eqn, invals, insides, scope, key)
+    node = outsides[0][0] if outsides else None
+    body = eqn.params.get("jaxpr")
+    if node is not None and body is not None:
+        # the body's first user line, preferring one whose operation is in the catalog
+        jaxpr, _ = _compat.closed(body)
+        first = None
+        for e in jaxpr.eqns:
+            pl = place(e.source_info)
+            if pl.user is None:
+                continue
+            first = first or (pl.user, e.primitive.name)
+            if _rules.canonical_op(e.primitive.name) is not None:
+                first = (pl.user, e.primitive.name)
+                break
+        if first is not None:
+            node.body_frame, node.body_prim = first
+    return outvals, outsides
+
+
+class Provenance(Interpreter):
+    """Evaluates a ClosedJaxpr and records the dataflow of non-finite values."""
+
+    rules = {**UNROLL}
+    if _compat.shard_map_p is not None:
+        rules[_compat.shard_map_p] = _shard_map_rule
+
+    def __init__(self, check_hits: bool = True, fast: bool = True):
+        super().__init__()
+        self.check_hits = check_hits
+        self.fast = fast  # exactly rounded primitives through numpy (same bits, no dispatch)
+        self._seq = itertools.count()
+        # (scope id, place key) -> nodes of primal ops that hit a catalog singular set
+        self.hits_by_key: dict[tuple, list[Node]] = {}
+        # group key -> seq of its first equation: the primal op comes before its derivative's
+        self.group_first: dict[tuple, int] = {}
+        self._last_key: tuple | None = None
+        self._run = 0
+
+    def explain_closed(self, closed: Any, args: list, arg_labels: list[str]) -> tuple[list, list]:
+        top = Scope()
+        in_srcs: list[Src | None] = []
+        for a, label in zip(args, arg_labels):
+            st = _status(a)
+            if st != FINITE:
+                n = Node("input", scope=top, status=(st,), seq=next(self._seq), label=label)
+                n.outs = [to_numpy(a)]
+                n.first_bad = _first_bad(a)
+                in_srcs.append((n, 0))
             else:
-                vals = [("value" + p[3:], "value") for p in paths[:n_val]]
-            return vals + g
-    g = grads_of(out_shape)
-    if g is not None and (doc.startswith("Gradient of") or not doc.startswith("Value and")):
-        return g
-    return [(("output" + p) if p else "output", "output") for p in paths]
+                in_srcs.append(None)
+        return self.run_closed(closed, args, in_srcs, top)
+
+    def const_side(self, value: Any, label: str) -> Src | None:
+        st = _status(value)
+        if st == FINITE:
+            return None
+        n = Node("const", status=(st,), seq=next(self._seq), label=label)
+        n.outs = [to_numpy(value)]
+        n.first_bad = _first_bad(value)
+        return (n, 0)
+
+    def literal_side(self, value: Any) -> Src | None:
+        return self.const_side(value, f"the literal {value}")
+
+    def run(self, jaxpr, consts, const_sides, args, arg_sides, scope):  # type: ignore[override]
+        self._last_key = None
+        return super().run(jaxpr, consts, const_sides, args, arg_sides, scope)
+
+    def stack_side(self, sides: list, scope: Scope) -> Src | None:
+        if all(s is None for s in sides):
+            return None
+        st = (max((s[0].status[s[1]] if s is not None else FINITE) for s in sides),)
+        n = Node("stack", scope=scope, ins=tuple(sides), status=st, seq=next(self._seq))
+        return (n, 0)
+
+    def first_order(self, eqn, invals, insides, scope, key):
+        outvals = _numpy.evaluate(eqn, invals) if self.fast else None
+        if outvals is None:
+            outvals = _compat.bind(eqn, invals)
+        status = tuple(_status(o) for o in outvals)
+        pl = place(eqn.source_info)
+        node = Node(
+            "eqn",
+            eqn=eqn,
+            scope=scope,
+            ins=tuple(insides),
+            status=status,
+            seq=next(self._seq),
+            place=pl,
+            backward=_compat.is_backward(eqn, scope.backward),
+        )
+        gk = group_key(scope, pl)
+        self.group_first.setdefault(gk, node.seq)
+        # a run: consecutive equations at one source position (a primal op, then its jvp rule)
+        if gk != self._last_key:
+            self._run = next(self._seq)
+            self._last_key = gk
+        node.run = self._run
+        if any(status):
+            in_bad = [s is not None and s[0].status[s[1]] != FINITE for s in insides]
+            in_nan = [s is not None and s[0].status[s[1]] == NAN for s in insides]
+            node.first_bad = _first_bad(outvals[status.index(max(status))])
+            if not any(in_bad) or (NAN in status and not any(in_nan)):
+                node.operands = [to_numpy(v) for v in invals]
+                node.outs = [to_numpy(o) for o in outvals]
+        if self.check_hits and not node.backward:
+            op = _rules.canonical_op(eqn.primitive.name)
+            if op is not None:
+                hit = classify(
+                    op,
+                    [to_numpy(v) for v in invals],
+                    None,
+                    _rules.params_for(eqn.primitive.name, eqn.params),
+                )
+                if hit is not None:
+                    node.hit = HitSummary(
+                        hit.entry_id, hit.count, int(hit.mask.size), hit.first_index, hit.got
+                    )
+                    self.hits_by_key.setdefault(gk, []).append(node)
+        return outvals, [(node, i) for i in range(len(outvals))]
 
 
 # -- blame --------------------------------------------------------------------------------------
@@ -232,14 +315,18 @@ class Blame:
         return real or found
 
 
-def _forward_node(interp: Interpreter, origin: Node) -> Node | None:
+def _forward_node(interp: Provenance, origin: Node) -> Node | None:
     """The primal operation the origin belongs to: sqrt for sqrt's jvp coefficient.
 
     Operations at the same source position in the same scope form a group (the primal op and
     the equations of its derivative rule). The primal op is the group's hit that does not
     itself consume another group member's output (the coefficient ``0.5 / sqrt(x)`` does).
     """
-    cands = interp.hits_by_key.get(group_key(origin.scope, origin.place)) if origin.place else None
+    cands = (
+        interp.hits_by_key.get(group_key(origin.scope, origin.place))
+        if origin.place is not None and origin.scope is not None
+        else None
+    )
     if cands:
         # a kink (a max tie among -inf logits) does not make a non-finite value
         cands = [c for c in cands if _entry_kind(c.hit.entry_id) != "kink"]
@@ -247,7 +334,7 @@ def _forward_node(interp: Interpreter, origin: Node) -> Node | None:
         before = [c for c in cands if c.seq <= origin.seq] or cands
         latest = before[-1]
         # the first hit of the latest run: the primal op precedes its jvp rule's equations
-        return next(c for c in before if getattr(c, "run", None) == getattr(latest, "run", None))
+        return next(c for c in before if c.run == latest.run)
     if origin.hit is not None and _entry_kind(origin.hit.entry_id) != "kink":
         return origin
     # a few hops back along the inputs (the coefficient of acos is rsqrt(1 - x*x))
@@ -333,12 +420,12 @@ def _poison_details(poison: Node) -> dict[str, Any]:
 
 
 def _origin_finding(
-    interp: Interpreter, origin: Node, poison: Node | None, hits: list[OutputHit]
+    interp: Provenance, origin: Node, poison: Node | None, hits: list[OutputHit]
 ) -> Finding:
     if origin.kind in ("input", "const"):
         a = origin.outs[0] if origin.outs else np.array(np.nan)
         bad = ~np.isfinite(a)
-        got = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
+        held = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
         label = f"`{origin.label}`" if origin.kind == "input" else origin.label
         f = catalog_finding(
             backend="jax",
@@ -346,22 +433,25 @@ def _origin_finding(
             phase="value",
             primitive="input" if origin.kind == "input" else "constant",
             where=None,
-            result=got,
+            result=held,
             count=int(bad.sum()),
             size=int(a.size),
             index=origin.first_bad,
             outputs=hits,
             detail={"input": origin.label},
         )
-        f.values = f"{label} holds {got} in {int(bad.sum())} of {a.size} elements" + (
+        f.values = f"{label} holds {held} in {int(bad.sum())} of {a.size} elements" + (
             f", first at {list(origin.first_bad)}" if origin.first_bad else ""
         )
         return f
     fwd = _forward_node(interp, origin)
     result = _result_word(origin)
-    lib = origin.library or (fwd.library if fwd is not None else None)
-    entry_id = None
-    got = count = size = index = None
+    lib: str | None = origin.library or (fwd.library if fwd is not None else None)
+    entry_id: str | None = None
+    got = None
+    count: int | None = None
+    size: int | None = None
+    index: tuple | None = None
     primitive = origin.prim
     if fwd is not None:
         h = fwd.hit
@@ -400,14 +490,16 @@ def _origin_finding(
             entry_id = lib_entry.id
     # a value, not a gradient, when the origin is a primal operation: not transposed, and the
     # first equation at its source position (a derivative rule's equations come after it)
-    first = interp.group_first.get(group_key(origin.scope, origin.place)) if origin.place else None
-    value_phase = not getattr(origin, "backward", False) and (
-        fwd is origin or (fwd is None and first == origin.seq)
+    first = (
+        interp.group_first.get(group_key(origin.scope, origin.place))
+        if origin.place is not None and origin.scope is not None
+        else None
     )
+    value_phase = not origin.backward and (fwd is origin or (fwd is None and first == origin.seq))
     where = (fwd or origin).user_frame
     if (
         fwd is None
-        and getattr(origin, "backward", False)
+        and origin.backward
         and origin.place is not None
         and origin.place.custom_vjp
         and where is not None
@@ -442,7 +534,7 @@ def _origin_finding(
         pd = _poison_details(poison)
         form, met_op = pd["form"], poison.prim
         met_where = poison.user_frame
-        phase = "backward " if getattr(poison, "backward", False) else ""
+        phase = "backward " if poison.backward else ""
         detail["met_text"] = f"{pd['text']} in the {phase}`{poison.prim}`" if pd["text"] else ""
         detail["met_value"] = result
         if pd["zero_operand"] is not None:
@@ -466,7 +558,7 @@ def _origin_finding(
         primitive=primitive,
         where=where,
         result=shown,
-        backend_op=f"{origin.prim}" + (" (backward)" if getattr(origin, "backward", False) else ""),
+        backend_op=f"{origin.prim}" + (" (backward)" if origin.backward else ""),
         got=got,
         count=count or 0,
         size=size or 0,
@@ -482,8 +574,8 @@ def _origin_finding(
         detail=detail,
     )
     if origin.prim == "shard_map":
-        f.where = getattr(origin, "body_frame", None) or f.where
-        f.primitive = getattr(origin, "body_prim", "shard_map")
+        f.where = origin.body_frame or f.where
+        f.primitive = origin.body_prim or "shard_map"
         f.library = "shard_map"
         f.explanation = (
             f"The non-finite value was born inside a shard_map, which gradsan runs as one "
@@ -547,24 +639,11 @@ def diagnose(
     check_args(leaves, labels, who)
     flat_args = call.flat
 
-    try:
-        closed, out_shape = jax.make_jaxpr(call.fun, return_shape=True)(*flat_args)
-    except TypeError as e:
-        msg = str(e)
-        if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
-                "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
-            ) from e
-        if "scalar-output" in msg:
-            raise UsageError(
-                f"gradsan.jax.{who}: {msg.splitlines()[0]} Reduce the loss to a scalar first "
-                "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
-            ) from e
-        raise
-    interp = Interpreter()
-    outs, out_srcs = interp.run_closed(closed, flat_args, labels)
-    out_labels = output_labels(fun, out_shape, args, labels)
+    traced = trace_call(call, who)
+    interp = Provenance()
+    outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
+    every_label = output_labels(fun, traced.out_shape, args, labels)
+    out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")

@@ -19,7 +19,8 @@ import numpy as np
 
 from .._errors import NonFiniteError
 from .._report import OutputHit, Report
-from ._explain import check_callable, diagnose
+from ._call import check_callable
+from ._explain import diagnose
 
 
 def _flag(out: Any) -> jax.Array:

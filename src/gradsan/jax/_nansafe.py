@@ -43,10 +43,10 @@ from .. import _catalog
 from .._errors import UsageError
 from .._report import Frame, Report
 from .._report._build import catalog_finding
-from ._explain import arg_labels, check_args, check_callable
+from ._call import arg_labels, check_args, check_callable
+from ._compat import bind as _bind
+from ._compat import closed as _closed
 from ._guard import _flag as _finite_flag
-from ._interpret import _closed
-from ._interpret import bind_eqn as _bind
 from ._source import exclude_gradsan, place
 
 exclude_gradsan()

@@ -359,11 +359,11 @@ def evaluate(eqn, invals: list) -> list | None:
         return None
     aval = eqn.outvars[0].aval
     dtype = getattr(aval, "dtype", None)
-    if dtype is None or np.dtype(dtype) not in _OK_DTYPES:
+    if dtype is None or dtype not in _OK_DTYPES:  # extended dtypes (typed keys) never are
         return None
     for v in invals:
         d = getattr(v, "dtype", None)
-        if d is not None and np.dtype(d) not in _OK_DTYPES:
+        if d is not None and d not in _OK_DTYPES:
             return None
         if (
             getattr(v, "sharding", None) is not None

@@ -27,11 +27,15 @@ from .. import _catalog
 from .._catalog._classify import classify, format_value, kink_mask
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
-from ._explain import arg_labels, check_args, check_callable, diagnose, flatten_call
+from ._call import arg_labels, check_args, check_callable, flatten_call
+from ._compat import bind as _bind
+from ._compat import closed as _closed
+from ._explain import diagnose
 from ._guard import _host_flag
-from ._interpret import _closed, _is_library_body, _library_name, _np
-from ._interpret import bind_eqn as _bind
 from ._source import exclude_gradsan, place
+from .interpreter._core import _is_library_body
+from .interpreter._core import library_name as _library_name
+from .interpreter._core import to_numpy as _np
 
 exclude_gradsan()
 

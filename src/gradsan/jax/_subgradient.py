@@ -27,7 +27,7 @@ import numpy as np
 from .. import _catalog
 from .._report import Finding, Report
 from .._report._build import catalog_finding
-from ._explain import check_callable
+from ._call import check_callable
 from ._sanitize import (
     Kink,
     KinkEval,

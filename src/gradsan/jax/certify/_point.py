@@ -6,8 +6,8 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from .._interpret import _closed
-from .._interpret import bind_eqn as _bind
+from .._compat import bind as _bind
+from .._compat import closed as _closed
 from .._numpy import TWINS, evaluate_float
 from . import _series as S
 from ._registry import KINKY, PLAIN

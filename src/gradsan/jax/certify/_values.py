@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from .._interpret import bind_eqn as _bind
+from .._compat import bind as _bind
 from . import _series as S
 from ._series import DOMAIN, OK, POISON, PUNDEC, UNDEC, Series, Undecided
 

@@ -9,7 +9,7 @@ import types
 import jax
 import numpy as np
 
-from ..._interpret import bind_eqn as _bind
+from ..._compat import bind as _bind
 from .. import _series as S
 from .._registry import BWD, FWD, KINKY, PURE
 from .._series import OK, POISON, UNDEC, Series, Undecided

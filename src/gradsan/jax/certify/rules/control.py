@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from jax.extend import core as jcore
 
-from ..._interpret import _closed
+from ..._compat import closed as _closed
 from .. import _series as S
 from .._registry import BWD, FWD
 from .._series import Series, Undecided

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..._interpret import bind_eqn as _bind
+from ..._compat import bind as _bind
 from ..._numpy import TWINS
 from .. import _series as S
 from .. import _singular, _taylor

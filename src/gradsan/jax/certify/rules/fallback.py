@@ -10,7 +10,7 @@ from fractions import Fraction
 import jax
 import numpy as np
 
-from ..._interpret import bind_eqn as _bind
+from ..._compat import bind as _bind
 from .. import _series as S
 from .._series import UNDEC, Series, Undecided
 from .._values import IntVal, _is_float_aval

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from ..._interpret import bind_eqn as _bind
+from ..._compat import bind as _bind
 from ..._numpy import dot_subscripts, einsum2
 from .. import _series as S
 from .._registry import BWD, FWD, PLAIN, PURE

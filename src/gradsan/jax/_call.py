@@ -1,0 +1,266 @@
+"""One call of a user's function, as gradsan sees it: flattened to array leaves, its arguments
+checked and named, its outputs named (a gradient after its argument, a value, an output)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from .._errors import UsageError
+from . import _compat
+
+__all__ = [
+    "FlatCall",
+    "arg_labels",
+    "check_args",
+    "check_callable",
+    "flatten_call",
+    "output_labels",
+]
+
+
+# -- one call, flattened ------------------------------------------------------------------------
+
+
+class FlatCall(NamedTuple):
+    """``fun(*args, **kwargs)`` as a function of its flat array leaves. A jitted ``fun``'s
+    static arguments stay Python values, bound in ``fun`` (they flatten to no leaves)."""
+
+    flat: list
+    in_tree: Any
+    fun: Callable  # flat leaves -> outputs; a fresh closure per call (make_jaxpr caches per callable)
+    dyn_args: tuple
+    dyn_kwargs: dict
+    statics: tuple  # the static values, hashable (a cache key together with in_tree)
+
+
+def flatten_call(
+    fun: Callable, args: tuple, kwargs: dict, traced: Callable | None = None
+) -> FlatCall:
+    static_nums, static_names = _compat.jit_statics(fun)
+    s_pos, s_names = set(static_nums), set(static_names)
+    dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
+    dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
+    flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    pos = {i: args[i] for i in s_pos if i < len(args)}
+    names = {k: kwargs[k] for k in s_names if k in kwargs}
+    target = traced or fun
+
+    def flat_fun(*leaves):
+        a, k = jax.tree_util.tree_unflatten(in_tree, list(leaves))
+        a = tuple(pos[i] if i in pos else x for i, x in enumerate(a))
+        k = {n: (names[n] if n in names else x) for n, x in k.items()}
+        return target(*a, **k)
+
+    statics = (tuple(sorted(pos.items())), tuple(sorted(names.items())))
+    return FlatCall(flat, in_tree, flat_fun, dyn_args, dyn_kwargs, statics)
+
+
+# -- input checks -------------------------------------------------------------------------------
+
+
+def check_callable(fun: Any, who: str) -> None:
+    if not callable(fun):
+        raise UsageError(
+            f"gradsan.jax.{who} takes a function, got {type(fun).__name__} {fun!r:.60}. "
+            f"Wrap the function, then call it: gradsan.jax.{who}(jax.grad(loss))(params)"
+        )
+
+
+def check_args(flat_args: list, labels: list[str], who: str) -> None:
+    for a, label in zip(flat_args, labels):
+        if isinstance(a, (str, bytes)):
+            raise UsageError(
+                f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__} ({a!r:.40}); "
+                "JAX can only trace arrays and numbers. Bind non-array arguments first: "
+                f"gradsan.jax.{who}(functools.partial(fun, {label.split('[')[0]}={a!r:.20}))(...)"
+            )
+        if not (
+            isinstance(a, (jax.Array, np.ndarray, np.generic, int, float, complex, bool))
+            or hasattr(a, "__jax_array__")
+            or hasattr(a, "dtype")
+        ):
+            raise UsageError(
+                f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__}, which JAX cannot "
+                "trace. Pass arrays (jnp.asarray(x)) or bind it with functools.partial."
+            )
+
+
+def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], list]:
+    """Names for the flattened arguments: ``theta``, ``params['w']``."""
+    try:
+        sig = inspect.signature(fun)
+        names = [
+            p.name
+            for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+    except (TypeError, ValueError):
+        names = []
+    labels: list[str] = []
+    leaves: list = []
+    for i, a in enumerate(args):
+        base = names[i] if i < len(names) and not names[i].startswith("*") else f"args[{i}]"
+        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
+            labels.append(base + jax.tree_util.keystr(path))
+            leaves.append(leaf)
+    for k, a in kwargs.items():
+        for path, leaf in jax.tree_util.tree_flatten_with_path(a)[0]:
+            labels.append(k + jax.tree_util.keystr(path))
+            leaves.append(leaf)
+    return labels, leaves
+
+
+def output_labels(
+    fun: Callable, out_shape: Any, args: tuple, in_labels: list[str]
+) -> list[tuple[str, str]]:
+    """(path, kind) of each output leaf. Gradients are named after their argument (kind
+    "grad"), value_and_grad's value is "value", anything else is "output"."""
+    tree = jax.tree_util
+    paths = [tree.keystr(p) for p, _ in tree.tree_flatten_with_path(out_shape)[0]]
+    info = _compat.grad_info(fun)
+    value_and_grad = info is not None and info.kind == "value_and_grad"
+    # in_labels are the flattened arguments' names; split them per positional argument
+    starts = [0]
+    for a in args:
+        starts.append(starts[-1] + len(tree.tree_leaves(a)))
+    per_arg = [in_labels[starts[i] : starts[i + 1]] for i in range(len(args))]
+
+    def same(a: Any, b: Any) -> bool:
+        # jaxlib's stubs declare no PyTreeDef.__eq__; it compares structures
+        return bool(tree.tree_structure(a) == tree.tree_structure(b))  # type: ignore[operator]
+
+    def grads_of(shape) -> list[tuple[str, str]] | None:
+        if args and same(shape, args[0]):
+            return [(lbl, "grad") for lbl in per_arg[0]]
+        if (
+            isinstance(shape, tuple)
+            and 0 < len(shape) <= len(args)
+            and all(same(s, a) for s, a in zip(shape, args))
+        ):  # argnums=(0, 1, ...)
+            return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
+        return None
+
+    if value_and_grad and isinstance(out_shape, tuple) and len(out_shape) == 2:
+        g = grads_of(out_shape[1])
+        if g is not None:
+            n_val = len(tree.tree_leaves(out_shape[0]))
+            if isinstance(out_shape[0], tuple) and len(out_shape[0]) == 2:  # has_aux
+                vals = [
+                    ("value" + p[6:] if p.startswith("[0][0]") else "aux" + p[6:], "value")
+                    for p in paths[:n_val]
+                ]
+            else:
+                vals = [("value" + p[3:], "value") for p in paths[:n_val]]
+            return vals + g
+    g = grads_of(out_shape)
+    if g is not None and not value_and_grad:
+        return g
+    return [(("output" + p) if p else "output", "output") for p in paths]
+
+
+# -- tracing ------------------------------------------------------------------------------------
+
+
+class Traced(NamedTuple):
+    """A traced call: the jaxpr of its array outputs, and every output leaf's place."""
+
+    closed: Any  # ClosedJaxpr over the flat arguments, returning the array output leaves only
+    out_shape: Any  # the full output pytree: ShapeDtypeStructs, and non-array leaves as returned
+    is_array: list[bool]  # per output leaf of out_shape: returned by the jaxpr
+
+
+def _is_array_leaf(x: Any) -> bool:
+    return isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray, np.generic)) or (
+        isinstance(x, (bool, int, float, complex))
+    )
+
+
+def _user_line(tb: Any) -> str | None:
+    """``file:line (function): source`` of the innermost frame of the user's code."""
+    import linecache
+
+    from ._source import _file_class
+
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _file_class(code.co_filename) == "user":
+            found = (code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    file, line, func = found
+    text = linecache.getline(file, line).strip()
+    return f"{file}:{line} ({func})" + (f": `{text}`" if text else "")
+
+
+def check_not_traced(flat_args: list, who: str) -> None:
+    """gradsan interprets concrete values: it runs outside jit/vmap/grad, not inside them."""
+    if any(isinstance(a, jax.core.Tracer) for a in flat_args):
+        raise UsageError(
+            f"gradsan.jax.{who} was called inside a JAX transformation (jit, vmap, grad, scan "
+            "...): its arguments are tracers, not values. Call it outside, on the transformed "
+            f"function: gradsan.jax.{who}(jax.jit(step))(params, batch)"
+        )
+
+
+def trace_call(call: FlatCall, who: str) -> Traced:
+    """Trace ``call`` to a jaxpr, with a clear error for what JAX cannot trace.
+
+    Outputs JAX cannot carry (a string, a metrics dict holding names, a non-array ``has_aux``)
+    are kept aside and come back in ``out_shape`` as they were returned.
+    """
+    check_not_traced(call.flat, who)
+    box: dict[str, Any] = {}
+
+    def arrays_only(*leaves: Any) -> list:
+        out = call.fun(*leaves)
+        flat, tree = jax.tree_util.tree_flatten(out)
+        keep = [_is_array_leaf(x) for x in flat]
+        box["tree"], box["flat"], box["keep"] = tree, flat, keep
+        return [x for x, k in zip(flat, keep) if k]
+
+    errors = jax.errors
+    try:
+        closed, shapes = jax.make_jaxpr(arrays_only, return_shape=True)(*call.flat)
+    except (
+        errors.TracerBoolConversionError,
+        errors.ConcretizationTypeError,
+        errors.TracerIntegerConversionError,
+    ) as e:
+        where = _user_line(e.__traceback__)
+        at = f" at {where}" if where else ""
+        raise UsageError(
+            f"gradsan.jax.{who}: the function uses the value of a traced array in Python "
+            f"control flow or a conversion{at}. gradsan traces the function once, as jax.jit "
+            "does, so `if x > 0:`, `int(x)` or `float(x)` on an argument cannot be followed. "
+            "Use jnp.where(x > 0, a, b) or jax.lax.cond for the branch, or bind the value as "
+            "a static Python argument (functools.partial(fun, n=3))."
+        ) from e
+    except TypeError as e:
+        msg = str(e)
+        if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():
+            raise UsageError(
+                f"gradsan.jax.{who}: {msg.splitlines()[0]} Differentiate with respect to float "
+                "arrays: pass jnp.asarray(x, jnp.float32) instead of an integer."
+            ) from e
+        if "scalar-output" in msg:
+            raise UsageError(
+                f"gradsan.jax.{who}: {msg.splitlines()[0]} Reduce the loss to a scalar first "
+                "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
+            ) from e
+        raise
+    if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+        raise UsageError(
+            f"gradsan.jax.{who}: the function closes over a value traced by an enclosing "
+            "transformation (it was created inside jit, vmap or grad). Call gradsan outside "
+            "that transformation, passing the value as an argument."
+        )
+    it = iter(shapes)
+    full = [next(it) if k else x for x, k in zip(box["flat"], box["keep"])]
+    return Traced(closed, jax.tree_util.tree_unflatten(box["tree"], full), list(box["keep"]))

@@ -1,0 +1,56 @@
+"""Every touch of PyTorch internals or version-dependent behaviour, in one place.
+
+Private modules and functions (dispatch modes, the autograd node being run, the fused norm,
+dynamo's switches) are reached only through this module, so a PyTorch upgrade that moves one
+of them is a change here alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode  # private: no public alias
+
+__all__ = [
+    "TorchDispatchMode",
+    "TorchFunctionMode",
+    "current_autograd_node",
+    "disable_torch_function",
+    "dynamo_loaded",
+    "force_eager",
+    "foreach_norm",
+]
+
+# The autograd Node whose backward is running now (None in the forward pass).
+current_autograd_node = torch._C._current_autograd_node
+
+# One fused kernel for the norms of many tensors (what clip_grad_norm_ uses).
+foreach_norm = torch._foreach_norm
+
+# Runs a block with the torch-function layer off (no mode sees the calls inside).
+disable_torch_function = torch._C.DisableTorchFunction
+
+
+def dynamo_loaded() -> bool:
+    """Whether ``torch._dynamo`` was imported (nothing can have been compiled otherwise)."""
+    return "torch._dynamo" in sys.modules
+
+
+@contextlib.contextmanager
+def force_eager() -> Iterator[None]:
+    """Run ``torch.compile``'d code eagerly, so every operation is seen."""
+    if not dynamo_loaded():  # nothing was compiled: don't pay dynamo's import
+        yield
+        return
+    set_stance: Any = getattr(torch.compiler, "set_stance", None)
+    if set_stance is None:  # pragma: no cover - older torch
+        with torch._dynamo.config.patch(disable=True):
+            yield
+        return
+    with set_stance("force_eager"):
+        yield
