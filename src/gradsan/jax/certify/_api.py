@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,35 +14,47 @@ import numpy as np
 from ..._errors import UsageError
 from ..._report import Finding, Report
 from ..._report._records import OutputHit
+from .. import _compat
 from ._hull import _directions, _min_norm_leaves, _opposite, _same, _seed
 from ._rays import RayResult, _arg_name, _certify_rays, _frame_of
-from ._values import Ctx, _is_float_aval
-
-_ARGNUMS = re.compile(r"with respect to positional argument\(s\) (-?\d+|\([-\d, ]*\))\.")
+from ._values import Ctx, is_float_aval
 
 
-def _resolve(fun: Callable) -> tuple[Callable, str, int | tuple[int, ...]]:
-    """(the loss, "grad" or "loss", argnums): ``jax.grad(loss, argnums=...)`` is recognised by
-    its docstring and unwrapped; any other function is the loss itself (argnums 0)."""
-    doc = getattr(fun, "__doc__", None) or ""
-    wrapped = getattr(fun, "__wrapped__", None)
-    if wrapped is not None and (
-        doc.startswith("Gradient of") or doc.startswith("Value and gradient of")
+def _resolve(
+    fun: Callable, argnums: int | tuple[int, ...] | None = None
+) -> tuple[Callable, str, int | tuple[int, ...]]:
+    """(the loss, "grad" or "loss", argnums): ``jax.grad(loss, argnums=...)`` (or
+    ``value_and_grad``) is recognised by :func:`gradsan.jax._compat.grad_info` and unwrapped;
+    any other function is the loss itself, differentiated with respect to ``argnums`` (the
+    keyword of :func:`certify`, default 0)."""
+    info = _compat.grad_info(fun)
+    if info is None:
+        return fun, "loss", 0 if argnums is None else _argnums(argnums)
+    got = info.argnums
+    if isinstance(got, tuple) and not got:
+        raise UsageError(
+            "gradsan.jax.certify: jax.grad(..., argnums=()) has no argument to differentiate"
+        )
+    if argnums is not None and _argnums(argnums) != got:
+        raise UsageError(
+            f"gradsan.jax.certify: argnums={argnums!r}, but the gradient given is taken with "
+            f"respect to argnums={got!r}; pass the loss itself with argnums, or the gradient alone"
+        )
+    return info.fun, "grad", got
+
+
+def _argnums(argnums: Any) -> int | tuple[int, ...]:
+    if isinstance(argnums, int) and not isinstance(argnums, bool):
+        return argnums
+    if (
+        isinstance(argnums, (tuple, list))
+        and argnums
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in argnums)
     ):
-        m = _ARGNUMS.search(doc)
-        if m is None:
-            raise UsageError(
-                "gradsan.jax.certify: could not read which arguments this gradient is taken "
-                "with respect to; pass the loss itself, with the parameters first: "
-                "gradsan.jax.certify(loss)(params, *data)"
-            )
-        argnums = eval(m.group(1), {"__builtins__": {}})  # an int or a tuple of ints
-        if isinstance(argnums, tuple) and not argnums:
-            raise UsageError(
-                "gradsan.jax.certify: jax.grad(..., argnums=()) has no argument to differentiate"
-            )
-        return wrapped, "grad", argnums
-    return fun, "loss", 0
+        return tuple(argnums)
+    raise UsageError(
+        f"gradsan.jax.certify: argnums must be an int or a non-empty tuple of ints, got {argnums!r}"
+    )
 
 
 def _mover(loss: Callable, argnums, n: int) -> Callable:
@@ -85,6 +96,7 @@ def certify(
     num_directions: int = 2,
     terms: int = 4,
     key: Any = None,
+    argnums: int | tuple[int, ...] | None = None,
 ) -> Callable[..., Report]:
     """Certified limits of the gradient of a scalar loss at a point (theory.md 6.5, Tier B/C).
 
@@ -96,13 +108,17 @@ def certify(
     ray's gradient is a list per parameter leaf: nested lists, or numpy arrays beyond 100,000
     numbers) and the certificate text. Calling the returned function again with arrays of the
     same shapes reuses the trace of the loss.
+
+    ``argnums`` (default 0) says which positional arguments of the loss the gradient is taken
+    with respect to, as in ``jax.grad``; for ``jax.grad(loss, argnums=...)`` it is read from
+    the gradient itself.
     """
     if not callable(fun):
         raise UsageError(
             f"gradsan.jax.certify takes a function, got {type(fun).__name__}. "
             "Wrap the loss, then call it: gradsan.jax.certify(loss)(params)"
         )
-    loss, how, argnums = _resolve(fun)
+    loss, how, argnums = _resolve(fun, argnums)
     name = getattr(loss, "__name__", "function")
     traced: dict = {}  # jitted flat losses by argument structure: jit caches their traces
     moved_by_n: dict = {}  # the loss with its differentiated arguments moved first, per len(args)
@@ -189,7 +205,7 @@ def _run(
     x0s = [np.asarray(x, np.float64) for x in leaves]
     closed, data = _trace(loss, traced, treedef, x0s, rest, kwargs)
     out_avals = closed.out_avals
-    if len(out_avals) != 1 or tuple(out_avals[0].shape) != () or not _is_float_aval(out_avals[0]):
+    if len(out_avals) != 1 or tuple(out_avals[0].shape) != () or not is_float_aval(out_avals[0]):
         what = (
             "a gradient program that is not jax.grad(loss)"
             if how == "loss"

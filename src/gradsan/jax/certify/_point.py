@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from .. import _compat
 from .._compat import bind as _bind
-from .._compat import closed as _closed
 from .._numpy import TWINS, evaluate_float
+from ..interpreter import UNROLL, Interpreter, Scope
 from . import _series as S
 from ._registry import KINKY, PLAIN
-from .rules.control import _call_param
 
 # -- the point itself: f(x0) and its singular points -------------------------------------------
 #
@@ -21,19 +23,6 @@ from .rules.control import _call_param
 # division, a tie under max, min, abs or a comparison, a non-finite value). Only they and what
 # feeds them need more than the t^0 and t^1 terms in the first, cheap pass along each ray.
 
-_CALLS = {
-    "pjit",
-    "jit",
-    "closed_call",
-    "core_call",
-    "remat2",
-    "checkpoint",
-    "remat",
-    "custom_jvp_call",
-    "custom_vjp_call",
-    "custom_vjp_call_jaxpr",
-    "named_call",
-}
 # singular where an input is 0 (the first input only for div: its denominator is the second)
 _AT_ZERO = {"sqrt", "rsqrt", "cbrt", "log", "pow", "atan2", "abs", "sign", "integer_pow"}
 _AT_ONE = {"acos", "asin", "atanh", "acosh"}  # singular where |x| = 1
@@ -57,7 +46,6 @@ KINKY.update(
 )
 PLAIN.update(TWINS)
 PLAIN.update({"integer_pow", "dot_general", "concatenate", "select_n", "iota", "broadcast_in_dim"})
-PLAIN.update(_CALLS)
 
 
 def _is_event(eqn, ins: list, outs: list) -> bool:
@@ -97,58 +85,71 @@ def _producers(jaxpr) -> dict:
 
 def _at_point(closed, x0s: list) -> tuple[float, dict]:
     """(f(x0), {(id(jaxpr), eqn index): True} for the events and every equation feeding them)."""
-    marks: dict = {}
+    point = Point()
     with np.errstate(all="ignore"), jax.default_device(jax.devices("cpu")[0]):
-        outs = _np_eval(closed.jaxpr, list(closed.consts), list(x0s), marks)
-    return float(np.ravel(outs[0])[0]), {k: v for k, v in marks.items() if k[0] != "reach"}
+        outs, _ = point.run_closed(closed, list(x0s), [None] * len(x0s), PointScope())
+    return float(np.ravel(outs[0])[0]), {k: v for k, v in point.marks.items() if k[0] != "reach"}
 
 
-def _np_eval(jaxpr, consts: list, args: list, marks: dict) -> list:
-    """Evaluate at the point; mark the events and their ancestors. Returns the outputs; marks
-    also gets, under the key jaxpr itself, the invar positions the events reach."""
-    env: dict = {}
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = np.asarray(c)
-    for v, a in zip(jaxpr.invars, args):
-        env[v] = np.asarray(a)
+@dataclasses.dataclass(eq=False)
+class PointScope(Scope):
+    # the events of this jaxpr evaluation: equation indices, and ("reach", index, positions)
+    # for a body whose events reach those inputs of its equation
+    events: list = dataclasses.field(default_factory=list)
 
-    def read(v):
-        return np.asarray(v.val) if isinstance(v, jcore.Literal) else env[v]
 
-    hot: set = set()  # variables some event depends on
-    events: list = []
-    for v in list(jaxpr.constvars) + list(jaxpr.invars):  # a non-finite input: its consumers
-        x = env[v]
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
-            events += [i for i, e in enumerate(jaxpr.eqns) if v in e.invars]
-    for i, eqn in enumerate(jaxpr.eqns):
-        ins = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        sub_reach = None
-        if name in _CALLS:
-            body, bconsts = _closed(_call_param(eqn))
-            outs = _np_eval(body, bconsts, ins, marks)
-            sub_reach = marks.pop(("reach", id(body)), set())
-        elif name == "cond":
-            branches = eqn.params["branches"]
-            idx = int(np.clip(int(np.asarray(ins[0]).reshape(())), 0, len(branches) - 1))
-            body, bconsts = _closed(branches[idx])
-            outs = _np_eval(body, bconsts, ins[1:], marks)
-            sub_reach = {k + 1 for k in marks.pop(("reach", id(body)), set())}
-        else:
-            try:
-                got = evaluate_float(eqn, ins)
-            except (ValueError, TypeError):  # an empty reduction, an odd shape: JAX decides
-                got = None
-            outs = got if got is not None else [np.asarray(o) for o in _bind(eqn, ins)]
-            if _is_event(eqn, ins, outs):
-                events.append(i)
-        if sub_reach:
-            events.append(("reach", i, sub_reach))
-        for v, o in zip(eqn.outvars, outs):
-            if not isinstance(v, jcore.DropVar):
-                env[v] = o
-    if events:  # mark the events and their ancestors in this jaxpr, backwards
+class Point(Interpreter):
+    """The evaluation at the point: numpy values, no sidecar. ``marks`` gets the events and
+    their ancestors, {(id(jaxpr), eqn index): True}, and under ("reach", id(jaxpr)) the invar
+    positions of a (nested) jaxpr that its events reach."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: dict = {}
+
+    def run(self, jaxpr, consts, const_sides, args, arg_sides, scope):
+        consts = [np.asarray(c) for c in consts]
+        args = [np.asarray(a) for a in args]
+        events = scope.events
+        for v, x in zip([*jaxpr.constvars, *jaxpr.invars], [*consts, *args]):
+            if (
+                x.dtype.kind == "f" and not np.isfinite(x).all()
+            ):  # a non-finite input: its consumers
+                events += [i for i, e in enumerate(jaxpr.eqns) if v in e.invars]
+        outs, sides = super().run(jaxpr, consts, const_sides, args, arg_sides, scope)
+        if events:
+            self._mark(jaxpr, events)
+        return outs, sides
+
+    def first_order(self, eqn, invals, insides, scope, key):
+        ins = [np.asarray(x) for x in invals]
+        try:
+            got = evaluate_float(eqn, ins)
+        except (ValueError, TypeError):  # an empty reduction, an odd shape: JAX decides
+            got = None
+        outs = got if got is not None else [np.asarray(o) for o in _bind(eqn, ins)]
+        if _is_event(eqn, ins, outs):
+            scope.events.append(key[-1])
+        return outs, [None] * len(outs)
+
+    def call(self, eqn, jaxpr, consts, invals, insides, scope, key):
+        return self.body(jaxpr, consts, invals, scope, key, key, 0)
+
+    def body(self, jaxpr, consts, invals, scope, key, sub_key, offset: int):
+        """A body run on ``invals`` (the equation's inputs from ``offset``): where its events
+        reach its inputs, they reach the equation's."""
+        outs, _ = self.run(
+            jaxpr, consts, [None] * len(consts), invals, [None] * len(invals), PointScope(sub_key)
+        )
+        reach = {k + offset for k in self.marks.pop(("reach", id(jaxpr)), set())}
+        if reach:
+            scope.events.append(("reach", key[-1], reach))
+        return outs, [None] * len(outs)
+
+    def _mark(self, jaxpr, events: list) -> None:
+        """Mark the events and their ancestors in this jaxpr, backwards."""
+        marks = self.marks
+        hot: set = set()  # variables some event depends on
         prod = _producers(jaxpr)
         stack = []
         for ev in events:
@@ -170,4 +171,24 @@ def _np_eval(jaxpr, consts: list, args: list, marks: dict) -> list:
         reach = {k for k, v in enumerate(jaxpr.invars) if v in hot}
         if reach:
             marks[("reach", id(jaxpr))] = reach
-    return [read(v) for v in jaxpr.outvars]
+
+
+def _point_cond(interp: Point, eqn, invals, insides, scope, key):
+    branches = eqn.params["branches"]
+    idx = int(np.clip(int(np.asarray(invals[0]).reshape(())), 0, len(branches) - 1))
+    body, consts = _compat.closed(branches[idx])
+    return interp.body(body, consts, invals[1:], scope, key, (*key, idx), 1)
+
+
+def _point_bound(interp: Point, eqn, invals, insides, scope, key):
+    """scan and while: evaluated by JAX as one equation, an event of their own (never unrolled
+    here: the whole loop then runs at the higher cap along the rays)."""
+    return interp.first_order(eqn, invals, insides, scope, key)
+
+
+Point.rules = {
+    **UNROLL,
+    _compat.cond_p: _point_cond,
+    _compat.scan_p: _point_bound,
+    _compat.while_p: _point_bound,
+}

@@ -15,7 +15,7 @@ from . import _series as S
 from ._point import _at_point
 from ._series import DOMAIN, OK, POISON, PUNDEC, Series, Undecided
 from ._sweep import bwd_jaxpr, fwd_jaxpr
-from ._values import Ctx, IntVal, _lift
+from ._values import Ctx, IntVal, lift
 
 VERDICTS = ("DEFINED", "SINGULAR", "DISCONTINUOUS", "REMOVABLE", "DOMAIN", "UNDECIDED")
 
@@ -103,7 +103,7 @@ def _ray(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
 def _ray_sweeps(ctx: Ctx, closed, x0s: list, vs: list, fx0: float) -> RayResult:
     jaxpr, consts = closed.jaxpr, list(closed.consts)
     args = [Series.ray(x, v) for x, v in zip(x0s, vs)]
-    data = [_lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[len(args) :])]
+    data = [lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[len(args) :])]
     try:
         outs, tape = fwd_jaxpr(
             ctx, jaxpr, consts, args + data, [True] * len(args) + [False] * len(data)
@@ -464,7 +464,7 @@ def _rays_batched(ctx: Ctx, bclosed, x0s: list, dirs: list, fx0: float) -> list:
         Series.ray(np.broadcast_to(x, (R,) + np.shape(x)), np.stack([d[i] for d in dirs]))
         for i, x in enumerate(x0s)
     ]
-    data = [_lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[n:])]
+    data = [lift(a, v.aval) for a, v in zip(ctx.data, jaxpr.invars[n:])]
     outs, tape = fwd_jaxpr(ctx, jaxpr, consts, args + data, [True] * n + [False] * len(data))
     Y = outs[0]
     if isinstance(Y, IntVal):
@@ -541,7 +541,7 @@ def _confirm_jumps(ctx: Ctx, closed, x0s, dirs, terms: int, data: list, fx0: flo
         return fx0, results
     jaxpr, consts = closed.jaxpr, list(closed.consts)
     args = [Series.ray(x, np.zeros(np.shape(x))) for x in x0s]
-    lifted = [_lift(a, v.aval) for a, v in zip(data, jaxpr.invars[len(args) :])]
+    lifted = [lift(a, v.aval) for a, v in zip(data, jaxpr.invars[len(args) :])]
     ctx.memo = {}
     try:
         with np.errstate(all="ignore"):

@@ -1,42 +1,100 @@
-"""The forward and reverse sweeps of certify over a jaxpr: per equation, the rule registered
-in :mod:`._registry` (or the fallback), a memo of repeated pure equations per ray and the
-truncation caps per equation."""
+"""The forward and reverse sweeps of certify over a jaxpr.
+
+The forward sweep runs on the interpreter core (:class:`Sweep`): per equation the rule of
+:mod:`._registry` (``FWD`` by name, ``CONTROL`` for cond, scan and while, the core's call
+hook for call-like primitives, or the fallback), a memo of repeated pure equations per ray and
+the truncation caps per equation; each jaxpr evaluation keeps a :class:`Tape` (every value,
+which of them depend on the ray, each equation's ``aux``). The sidecar of a value is whether
+it depends on the ray parameter ("active"). The reverse sweep walks a tape backwards, as JAX's
+own ``backward_pass`` does.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from jax.extend import core as jcore
 
+from .. import _compat
+from ..interpreter import Interpreter, Scope
 from . import _series as S
-from ._registry import BWD, FWD, PURE
+from ._registry import BWD, CONTROL, FWD, PURE
 from ._series import Series
-from ._values import Ctx, IntVal, Tape, _const_eval, _lift, _read
+from ._values import Ctx, IntVal, Tape, _read, const_eval, lift
 from .rules.fallback import _fallback_bwd, _fallback_fwd
 
-# -- the forward and reverse sweeps ------------------------------------------------------------
+# -- the forward sweep -------------------------------------------------------------------------
 
 
-def fwd_jaxpr(ctx: Ctx, jaxpr, consts: list, args: list, active_in: Sequence[bool]):
-    env: dict = {}
-    active: set = set()
-    for v, c in zip(jaxpr.constvars, consts):
-        env[v] = c if isinstance(c, (Series, IntVal)) else _lift(c, v.aval)
-    for v, a, a_in in zip(jaxpr.invars, args, active_in):
-        env[v] = a
-        if a_in:
-            active.add(v)
-    aux: dict = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        ins = [_read(env, v) for v in eqn.invars]
-        act = [(not isinstance(v, jcore.Literal)) and v in active for v in eqn.invars]
-        name = eqn.primitive.name
-        key = _memo_key(eqn, ins) if name in PURE else None
-        hit = ctx.memo.get(key) if key is not None else None
-        rule = FWD.get(name)
-        c = ctx.caps.get((id(jaxpr), i)) if ctx.caps else None
+@dataclasses.dataclass(eq=False)
+class SweepScope(Scope):
+    tape: Tape | None = None  # the tape of the jaxpr evaluation this scope runs
+
+
+class Sweep(Interpreter):
+    """certify's forward sweep: series values, "active" flags as the sidecar."""
+
+    rules: ClassVar[dict[Any, Any]] = CONTROL
+
+    def __init__(self, ctx: Ctx) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    def literal_side(self, value: Any) -> bool:
+        return False
+
+    def const_side(self, value: Any, label: str) -> bool:
+        return False
+
+    def enter(
+        self, jaxpr, consts: list, args: list, active_in: Sequence[bool], key: tuple = ()
+    ) -> tuple[list, Tape]:
+        """One evaluation of ``jaxpr``: its outputs and its tape."""
+        env: dict = {}
+        active: set = set()
+        cs = []
+        for v, c in zip(jaxpr.constvars, consts):
+            c = c if isinstance(c, (Series, IntVal)) else lift(c, v.aval)
+            env[v] = c
+            cs.append(c)
+        for v, a, a_in in zip(jaxpr.invars, args, active_in):
+            env[v] = a
+            if a_in:
+                active.add(v)
+        tape = Tape(jaxpr, env, active, {})
+        outs, _ = self.run(
+            jaxpr,
+            cs,
+            [False] * len(cs),
+            list(args),
+            [bool(a) for a in active_in],
+            SweepScope(key=key, tape=tape),
+        )
+        outs = [
+            lift(v.val, v.aval) if isinstance(v, jcore.Literal) else o
+            for v, o in zip(jaxpr.outvars, outs)
+        ]
+        return outs, tape
+
+    def equation(self, eqn, invals: list, insides: list, scope, key: tuple, rule):
+        """One equation by ``rule(ctx, eqn, ins, act) -> (outs, aux)`` (None: the constant
+        evaluation or the fallback), through the memo and under its cap; recorded on the
+        tape."""
+        ctx = self.ctx
+        tape = scope.tape
+        ins = [
+            lift(v.val, v.aval) if isinstance(v, jcore.Literal) else x
+            for v, x in zip(eqn.invars, invals)
+        ]
+        act = insides
+        i = key[-1]
+        mkey = _memo_key(eqn, ins) if eqn.primitive.name in PURE else None
+        hit = ctx.memo.get(mkey) if mkey is not None else None
+        c = ctx.caps.get((id(tape.jaxpr), i)) if ctx.caps else None
         if hit is not None:
             outs, a = hit[0], hit[1]
         elif c is not None:
@@ -44,23 +102,41 @@ def fwd_jaxpr(ctx: Ctx, jaxpr, consts: list, args: list, active_in: Sequence[boo
                 outs, a = _fwd_rule(ctx, rule, eqn, ins, act)
         else:
             outs, a = _fwd_rule(ctx, rule, eqn, ins, act)
-        if key is not None and hit is None:
-            ctx.memo[key] = (outs, a, ins)  # ins: keeps the objects whose ids are in the key
-        aux[i] = a
+        if mkey is not None and hit is None:
+            ctx.memo[mkey] = (outs, a, ins)  # ins: keeps the objects whose ids are in the key
+        tape.aux[i] = a
         any_act = any(act)
+        env, active = tape.env, tape.active
+        sides = []
         for v, o in zip(eqn.outvars, outs):
+            s = any_act and isinstance(o, Series)
+            sides.append(s)
             if isinstance(v, jcore.DropVar):
                 continue
             env[v] = o
-            if any_act and isinstance(o, Series):
+            if s:
                 active.add(v)
-    outs = [_read(env, v) for v in jaxpr.outvars]
-    return outs, Tape(jaxpr, env, active, aux)
+        return outs, sides
+
+    def first_order(self, eqn, invals: list, insides: list, scope: Scope, key: tuple):
+        return self.equation(eqn, invals, insides, scope, key, FWD.get(eqn.primitive.name))
+
+    def call(self, eqn, jaxpr, consts: list, invals: list, insides: list, scope: Scope, key):
+        def body(ctx, eqn, ins, act):
+            return self.enter(jaxpr, consts, ins, act, key)  # aux: the body's tape
+
+        return self.equation(eqn, invals, insides, scope, key, body)
+
+
+def fwd_jaxpr(ctx: Ctx, jaxpr, consts: list, args: list, active_in: Sequence[bool]):
+    """(outputs, tape) of ``jaxpr`` along the ray: ``args`` are Series or IntVal, ``active_in``
+    says which depend on the ray parameter."""
+    return Sweep(ctx).enter(jaxpr, consts, args, active_in)
 
 
 def _fwd_rule(ctx: Ctx, rule, eqn, ins, act):
     if rule is None and not any(act):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     if rule is None:
         return _fallback_fwd(ctx, eqn, ins, act)
     return rule(ctx, eqn, ins, act)
@@ -122,7 +198,7 @@ def bwd_jaxpr(ctx: Ctx, tape: Tape, out_cots: list) -> list:
                 couts[k] = Series.zeros(o.shape)
         rule = BWD.get(eqn.primitive.name)
         if rule is None:
-            rule = _fallback_bwd
+            rule = _call_bwd if _compat.call_body(eqn) is not None else _fallback_bwd
         c = ctx.caps.get((id(jaxpr), i)) if ctx.caps else None
         if c is not None:
             with S.capped(c):
@@ -133,6 +209,10 @@ def bwd_jaxpr(ctx: Ctx, tape: Tape, out_cots: list) -> list:
             if n and c is not None:
                 acc(v, _fit(c, _read(tape.env, v).shape))
     return [cot.get(v) for v in jaxpr.invars]
+
+
+def _call_bwd(ctx, eqn, ins, outs, aux, cots, need):
+    return bwd_jaxpr(ctx, aux, cots)  # aux: the body's tape
 
 
 def _fit(c: Series, shape) -> Series:

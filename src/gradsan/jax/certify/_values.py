@@ -31,13 +31,13 @@ class IntVal:
         return self.x.shape
 
 
-def _is_float_aval(aval) -> bool:
+def is_float_aval(aval) -> bool:
     return np.issubdtype(np.dtype(aval.dtype), np.floating) or np.issubdtype(
         np.dtype(aval.dtype), np.complexfloating
     )
 
 
-def _lift(x, aval=None) -> Series | IntVal:
+def lift(x, aval=None) -> Series | IntVal:
     a = np.asarray(x)
     dt = aval.dtype if aval is not None else a.dtype
     if np.issubdtype(np.dtype(dt), np.complexfloating):
@@ -47,7 +47,7 @@ def _lift(x, aval=None) -> Series | IntVal:
     return IntVal(a)
 
 
-def _const_value(v) -> np.ndarray | None:
+def const_value(v) -> np.ndarray | None:
     if isinstance(v, IntVal):
         return None if v.bad.any() else v.x
     if v.is_const():
@@ -79,20 +79,20 @@ class Tape:
 
 def _read(env, v):
     if isinstance(v, jcore.Literal):
-        return _lift(v.val, v.aval)
+        return lift(v.val, v.aval)
     return env[v]
 
 
-def _const_eval(eqn, ins) -> list:
+def const_eval(eqn, ins) -> list:
     vals = []
     for x in ins:
-        cv = _const_value(x)
+        cv = const_value(x)
         if cv is None:
             raise Undecided(f"`{eqn.primitive.name}` got a value that is not constant on the ray")
         vals.append(cv)
     with jax.default_device(jax.devices("cpu")[0]):
         outs = _bind(eqn, [np.asarray(v) for v in vals])
-    return [_lift(np.asarray(o), v.aval) for o, v in zip(outs, eqn.outvars)]
+    return [lift(np.asarray(o), v.aval) for o, v in zip(outs, eqn.outvars)]
 
 
 def _bad_of(x) -> np.ndarray:
@@ -102,7 +102,7 @@ def _bad_of(x) -> np.ndarray:
 # -- small helpers on series -------------------------------------------------------------------
 
 
-def _as_series(x) -> Series:
+def as_series(x) -> Series:
     """A float series for an operand (an integer / boolean one is an exact constant)."""
     if isinstance(x, IntVal):
         s = Series.exact(np.asarray(x.x, np.float64))

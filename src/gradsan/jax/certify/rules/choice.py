@@ -13,7 +13,7 @@ from ..._compat import bind as _bind
 from .. import _series as S
 from .._registry import BWD, FWD, KINKY, PURE
 from .._series import OK, POISON, UNDEC, Series, Undecided
-from .._values import IntVal, _choice, _const_eval, _flip, _last, _lin, _unlast
+from .._values import IntVal, _choice, _flip, _last, _lin, _unlast, const_eval
 
 # -- reductions with a choice: reduce_max/min, argmax/argmin, sort -----------------------------
 
@@ -76,7 +76,7 @@ def _tournament(x: Series, axes: tuple, big: bool):
 def _reduce_max_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     axes = tuple(eqn.params["axes"])
     big = eqn.primitive.name == "reduce_max"
     if any(x.shape[a] == 0 for a in axes):  # the max of nothing is -inf (the min, +inf)
@@ -114,7 +114,7 @@ for _n in ("reduce_max", "reduce_min"):
 def _argmax_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     axes = tuple(eqn.params["axes"])
     cand, und, _ = _tournament(x, axes, eqn.primitive.name == "argmax")
     idx = np.argmax(cand, axis=axes[0])
@@ -316,7 +316,7 @@ def _seg_rscan(a: np.ndarray, segid: np.ndarray, op) -> np.ndarray:
 def _cummax_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     big = eqn.primitive.name == "cummax"
     ax = eqn.params["axis"] % max(1, len(x.shape))
     rev = bool(eqn.params.get("reverse"))
@@ -381,7 +381,7 @@ def _top_k_axis(eqn, ndim: int) -> int:
 def _top_k_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     k = int(eqn.params["k"])
     ax = _top_k_axis(eqn, len(x.shape))
     xl = _last(x, ax)
@@ -626,7 +626,7 @@ def _pool_fwd(ctx, eqn, ins, act):
         raise Undecided(f"`{eqn.primitive.name}` with {len(ins)} operands is not supported")
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     shape = tuple(eqn.invars[0].aval.shape)
     if x.shape != shape:
         x = S.bcast(x, shape)

@@ -1,52 +1,34 @@
-"""certify's rules for higher-order primitives: calls, cond, scan and while."""
+"""certify's rules for higher-order primitives: cond, scan and while (the forward rules in
+the sweep's table keyed by Primitive, the reverse rules by name; call-like primitives are the
+sweep's ``call``)."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from jax.extend import core as jcore
 
-from ..._compat import closed as _closed
+from ... import _compat
 from .. import _series as S
-from .._registry import BWD, FWD
+from .._registry import BWD, CONTROL
 from .._series import Series, Undecided
-from .._sweep import bwd_jaxpr, fwd_jaxpr
-from .._values import IntVal, _const_value, _lift
+from .._sweep import bwd_jaxpr
+from .._values import IntVal, const_value, lift
 
 # -- higher-order primitives -----------------------------------------------------------------
 
 
-def _call_param(eqn):
-    for p in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        if p in eqn.params:
-            return eqn.params[p]
-    raise Undecided(f"`{eqn.primitive.name}` has no body to analyse")
+def _control(fwd):
+    """A rule of the sweep's table (keyed by Primitive) from ``fwd(interp, key, ctx, eqn, ins,
+    act) -> (outs, aux)``: the equation goes through the sweep's memo, caps and tape."""
 
+    def rule(interp, eqn, invals, insides, scope, key):
+        return interp.equation(
+            eqn, invals, insides, scope, key, functools.partial(fwd, interp, key)
+        )
 
-def _call_fwd(ctx, eqn, ins, act):
-    jaxpr, consts = _closed(_call_param(eqn))
-    outs, tape = fwd_jaxpr(ctx, jaxpr, consts, ins, act)
-    return outs, tape
-
-
-def _call_bwd(ctx, eqn, ins, outs, aux, cots, need):
-    return bwd_jaxpr(ctx, aux, cots)
-
-
-for _n in (
-    "pjit",
-    "jit",
-    "closed_call",
-    "core_call",
-    "remat2",
-    "checkpoint",
-    "remat",
-    "custom_jvp_call",
-    "custom_vjp_call",
-    "custom_vjp_call_jaxpr",
-    "named_call",
-):
-    FWD[_n] = _call_fwd
-    BWD[_n] = _call_bwd
+    return rule
 
 
 def _index_of(x, what: str) -> int:
@@ -54,17 +36,17 @@ def _index_of(x, what: str) -> int:
         if x.bad.any():
             raise Undecided(f"the {what} is undecided along the ray")
         return int(np.asarray(x.x).reshape(()))
-    cv = _const_value(x)
+    cv = const_value(x)
     if cv is None:
         raise Undecided(f"the {what} depends on t")
     return int(np.asarray(cv).reshape(()))
 
 
-def _cond_fwd(ctx, eqn, ins, act):
+def _cond_fwd(interp, key, ctx, eqn, ins, act):
     branches = eqn.params["branches"]
     idx = int(np.clip(_index_of(ins[0], "cond index"), 0, len(branches) - 1))
-    jaxpr, consts = _closed(branches[idx])
-    outs, tape = fwd_jaxpr(ctx, jaxpr, consts, ins[1:], act[1:])
+    jaxpr, consts = _compat.closed(branches[idx])
+    outs, tape = interp.enter(jaxpr, consts, ins[1:], act[1:], (*key, idx))
     return outs, tape
 
 
@@ -72,7 +54,7 @@ def _cond_bwd(ctx, eqn, ins, outs, aux, cots, need):
     return [None] + bwd_jaxpr(ctx, aux, cots)
 
 
-FWD["cond"] = _cond_fwd
+CONTROL[_compat.cond_p] = _control(_cond_fwd)
 BWD["cond"] = _cond_bwd
 
 
@@ -82,9 +64,9 @@ def _slice0(x, i):
     return S.apply_linear(x, lambda a: a[i])
 
 
-def _scan_fwd(ctx, eqn, ins, act):
+def _scan_fwd(interp, key, ctx, eqn, ins, act):
     p = eqn.params
-    jaxpr, jconsts = _closed(p["jaxpr"])
+    jaxpr, jconsts = _compat.closed(p["jaxpr"])
     nc, ncar, length = p["num_consts"], p["num_carry"], p["length"]
     rev = p.get("reverse", False)
     consts, carry, xs = ins[:nc], list(ins[nc : nc + ncar]), ins[nc + ncar :]
@@ -96,7 +78,9 @@ def _scan_fwd(ctx, eqn, ins, act):
     for k in range(length):
         i = length - 1 - k if rev else k
         x_i = [_slice0(x, i) for x in xs]
-        outs, tape = fwd_jaxpr(ctx, jaxpr, jconsts, [*consts, *carry, *x_i], [*a_c, *a_car, *a_xs])
+        outs, tape = interp.enter(
+            jaxpr, jconsts, [*consts, *carry, *x_i], [*a_c, *a_car, *a_xs], (*key, i)
+        )
         tapes.append((i, tape))
         carry = list(outs[:ncar])
         ys_per.append((i, outs[ncar:]))
@@ -106,7 +90,7 @@ def _scan_fwd(ctx, eqn, ins, act):
         vals = [y[j] for _, y in ys_per]
         aval = eqn.outvars[ncar + j].aval
         if not vals:
-            ys.append(_lift(np.zeros(aval.shape, aval.dtype), aval))
+            ys.append(lift(np.zeros(aval.shape, aval.dtype), aval))
         elif isinstance(vals[0], IntVal):
             ys.append(IntVal(np.stack([v.x for v in vals]), np.stack([v.bad for v in vals])))
         else:
@@ -153,23 +137,25 @@ def _scan_bwd(ctx, eqn, ins, outs, aux, cots, need):
     return res
 
 
-FWD["scan"] = _scan_fwd
+CONTROL[_compat.scan_p] = _control(_scan_fwd)
 BWD["scan"] = _scan_bwd
 
 
-def _while_fwd(ctx, eqn, ins, act):
+def _while_fwd(interp, key, ctx, eqn, ins, act):
     p = eqn.params
-    cj, cc = _closed(p["cond_jaxpr"])
-    bj, bc = _closed(p["body_jaxpr"])
+    cj, cc = _compat.closed(p["cond_jaxpr"])
+    bj, bc = _compat.closed(p["body_jaxpr"])
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, carry = ins[:nc], ins[nc : nc + nb], list(ins[nc + nb :])
     a_b, a_car = act[nc : nc + nb], [a or any(act) for a in act[nc + nb :]]
     tapes = []
-    for _ in range(100000):
-        pred, _t = fwd_jaxpr(ctx, cj, cc, [*cconsts, *carry], [False] * (nc + len(carry)))
+    for k in range(100000):
+        pred, _t = interp.enter(
+            cj, cc, [*cconsts, *carry], [False] * (nc + len(carry)), (*key, "c", k)
+        )
         if not _index_of(pred[0], "while condition"):
             break
-        outs, tape = fwd_jaxpr(ctx, bj, bc, [*bconsts, *carry], [*a_b, *a_car])
+        outs, tape = interp.enter(bj, bc, [*bconsts, *carry], [*a_b, *a_car], (*key, "b", k))
         tapes.append(tape)
         carry = list(outs)
     return carry, tapes
@@ -195,5 +181,5 @@ def _while_bwd(ctx, eqn, ins, outs, aux, cots, need):
     return [None] * nc + c_b + c_carry
 
 
-FWD["while"] = _while_fwd
+CONTROL[_compat.while_p] = _control(_while_fwd)
 BWD["while"] = _while_bwd

@@ -14,7 +14,7 @@ from .. import _series as S
 from .. import _singular, _taylor
 from .._registry import BWD, FWD, PURE
 from .._series import DOMAIN, OK, POISON, PUNDEC, UNDEC, ZERO, Series
-from .._values import IntVal, _const_eval, _const_value
+from .._values import IntVal, const_eval, const_value
 
 # -- elementwise unary ------------------------------------------------------------------------
 
@@ -288,7 +288,7 @@ def _step_fwd(ctx, eqn, ins, act):
     is within rounding of a jump point without being one."""
     u = ins[0]
     if isinstance(u, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     name = eqn.primitive.name
     a0 = np.broadcast_to(u.coef(), u.shape)
     if name == "floor":
@@ -394,7 +394,7 @@ BWD["convert_element_type"] = lambda ctx, eqn, ins, outs, aux, cots, need: [
 def _add_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     return [S.add(a, b, -1.0 if eqn.primitive.name == "sub" else 1.0)], None
 
 
@@ -421,7 +421,7 @@ for _n in ("add", "sub", "add_any"):
 def _mul_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     return [S.mul(a, b)], None
 
 
@@ -438,7 +438,7 @@ BWD["mul"] = _mul_bwd
 def _div_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     out = S.mul(a, _singular.inv(b))
     if a is b:  # a / a = 1 exactly wherever a is known to be nonzero for small t
         nz = S.lead_exact(a)[3] & (a.bad == OK)
@@ -466,7 +466,7 @@ BWD["div"] = _div_bwd
 
 def _pow_exponents(y: Series) -> np.ndarray | None:
     """Rational exponents per element when y is an exact constant, else None."""
-    cv = _const_value(y)
+    cv = const_value(y)
     if cv is None:
         return None
     cv = np.asarray(cv)
@@ -602,7 +602,7 @@ def _maxmin(a: Series, b: Series, big: bool):
 def _max_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     out, aux = _maxmin(a, b, eqn.primitive.name == "max")
     return [out], aux
 
@@ -631,7 +631,7 @@ for _n in ("max", "min"):
 def _clamp_fwd(ctx, eqn, ins, act):
     lo, x, hi = ins
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     m1, (w_x1, w_lo, u1) = _maxmin(x, lo, True)
     m2, (w_m1, w_hi, u2) = _maxmin(m1, hi, False)
     return [m2], (w_x1, w_lo, u1, w_m1, w_hi, u2)
@@ -667,7 +667,7 @@ _CMP.update({"lt_to": _CMP["lt"], "le_to": _CMP["le"], "eq_to": _CMP["eq"]})
 def _cmp_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal) or isinstance(b, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     name = eqn.primitive.name
     if a is b:  # x compared with itself (isnan is x != x): equal wherever x is a number or
         code = S.inf_code(a)  # an infinity for each t, unordered where it is NaN (outside the
@@ -700,7 +700,7 @@ def _select_fwd(ctx, eqn, ins, act):
             bad = np.maximum.reduce([np.broadcast_to(x.bad, cases[0].shape) for x in ins])
             out = _bind(eqn, [pred.x] + [c.x for c in cases])[0]
             return [IntVal(np.asarray(out), bad)], None
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     cases = [Series.exact(c.x.astype(np.float64)) if isinstance(c, IntVal) else c for c in cases]
     shape = cases[0].shape
     p = np.broadcast_to(pred.x.astype(np.int64), shape)
@@ -744,7 +744,7 @@ def _select_bwd(ctx, eqn, ins, outs, aux, cots, need):
 def _is_finite_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     # finite for each small t where OK; not where +-inf or NaN for each t (POISON, with or
     # without an inf code, or outside the domain); unknown where undecided
     known = (x.bad == OK) | (x.bad == DOMAIN) | (x.bad == POISON)

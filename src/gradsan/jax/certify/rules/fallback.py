@@ -13,7 +13,7 @@ import numpy as np
 from ..._compat import bind as _bind
 from .. import _series as S
 from .._series import UNDEC, Series, Undecided
-from .._values import IntVal, _is_float_aval
+from .._values import IntVal, is_float_aval
 
 # -- fallbacks ----------------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ def _fallback_fwd(ctx, eqn, ins, act):
         and name not in _NOT_ELEMENTWISE
         and tuple(outs[0].aval.shape) == ins[0].shape
         and not eqn.params.get("axes")
-        and _is_float_aval(outs[0].aval)
+        and is_float_aval(outs[0].aval)
     ):
         ctx.unverified.add(name)
         taylor = _jvp_taylor(eqn)
@@ -242,7 +242,7 @@ def _multi_setup(eqn, ins):
     name = eqn.primitive.name
     N = _order()
     polys = {i: _poly_coefs(ins[i], N, f"`{name}`") for i in _float_positions(ins)}
-    fouts = [k for k, v in enumerate(eqn.outvars) if _is_float_aval(v.aval)]
+    fouts = [k for k, v in enumerate(eqn.outvars) if is_float_aval(v.aval)]
     for k, v in enumerate(eqn.outvars):
         if k not in fouts and (name != "lu" or not np.issubdtype(v.aval.dtype, np.integer)):
             raise Undecided(f"`{name}` has a {v.aval.dtype} output (not supported by certify)")

@@ -15,7 +15,7 @@ from ..._numpy import dot_subscripts, einsum2
 from .. import _series as S
 from .._registry import BWD, FWD, PLAIN, PURE
 from .._series import OK, Series
-from .._values import IntVal, _as_series, _const_eval
+from .._values import IntVal, as_series, const_eval
 
 # -- structural (linear) ----------------------------------------------------------------------
 
@@ -429,7 +429,7 @@ def _dot_series(eqn, a: Series, b: Series) -> Series:
 def _dot_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal) and isinstance(b, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     a = Series.exact(a.x.astype(np.float64)) if isinstance(a, IntVal) else a
     b = Series.exact(b.x.astype(np.float64)) if isinstance(b, IntVal) else b
     return [_dot_series(eqn, a, b)], None
@@ -632,14 +632,14 @@ def _bilinear(B, x: Series, y: Series, out_shape) -> Series:
 def _conv_fwd(ctx, eqn, ins, act):
     a, b = ins
     if isinstance(a, IntVal) and isinstance(b, IntVal):
-        return _const_eval(eqn, ins), None
-    a, b = _as_series(a), _as_series(b)
+        return const_eval(eqn, ins), None
+    a, b = as_series(a), as_series(b)
     conv = _conv_fns(eqn, a.shape, b.shape)[0]
     return [_bilinear(_numpy_fn(conv), a, b, eqn.outvars[0].aval.shape)], None
 
 
 def _conv_bwd(ctx, eqn, ins, outs, aux, cots, need):
-    a, b = (_as_series(x) for x in ins)
+    a, b = (as_series(x) for x in ins)
     c = cots[0]
     _, t_lhs, t_rhs = _conv_fns(eqn, a.shape, b.shape)
     res = [None, None]

@@ -7,7 +7,7 @@ import numpy as np
 from .. import _series as S
 from .._registry import BWD, FWD, PLAIN, PURE
 from .._series import Series
-from .._values import IntVal, _cat, _const_eval, _flip, _last, _lin, _ones, _sl, _unlast
+from .._values import IntVal, _cat, _flip, _last, _lin, _ones, _sl, _unlast, const_eval
 
 # -- products: cumprod, reduce_prod ------------------------------------------------------------
 
@@ -48,7 +48,7 @@ def _tree_prod(s: Series) -> Series:
 def _cumprod_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     ax = eqn.params["axis"] % max(1, len(x.shape))
     xl = _last(x, ax)
     if eqn.params.get("reverse"):
@@ -117,7 +117,7 @@ def _prod_layout(shape: tuple, axes: tuple):
 def _reduce_prod_fwd(ctx, eqn, ins, act):
     x = ins[0]
     if isinstance(x, IntVal):
-        return _const_eval(eqn, ins), None
+        return const_eval(eqn, ins), None
     to, _, _, _ = _prod_layout(x.shape, tuple(eqn.params["axes"]))
     return [_tree_prod(_lin(x, to))], None
 
