@@ -417,6 +417,25 @@ def test_argnums_other_than_zero(argnums):
         assert float(gs[2]) == pytest.approx(1.0 / (2 * np.sqrt(3.0)), rel=1e-12)
 
 
+@pytest.mark.parametrize("argnums", [1, (2, 1)])
+def test_argnums_as_a_keyword(argnums):
+    """certify(loss, argnums=...) is certify(jax.grad(loss, argnums=...)): the keyword for a
+    gradient whose arguments cannot be read off the function; a conflicting one is refused."""
+    d = jnp.array([1.0, 2.0])
+    by_grad = gsj.certify(jax.grad(_wloss, argnums=argnums))(d, d, 3.0)
+    by_key = gsj.certify(_wloss, argnums=argnums)(d, d, 3.0)
+    assert by_key.findings[0].detail == by_grad.findings[0].detail
+    assert by_key.findings[0].outputs[0].path == by_grad.findings[0].outputs[0].path
+    for a, b in zip(
+        jax.tree_util.tree_leaves(by_key.outputs), jax.tree_util.tree_leaves(by_grad.outputs)
+    ):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(gradsan.UsageError, match="argnums=0"):
+        gsj.certify(jax.grad(_wloss, argnums=argnums), argnums=0)
+    with pytest.raises(gradsan.UsageError, match="argnums must be"):
+        gsj.certify(_wloss, argnums=())
+
+
 _MASK = np.array([True, True, False])
 
 
