@@ -3,7 +3,8 @@
     python tools/gen_catalog_doc.py            # rewrite docs/catalog.md
     python tools/gen_catalog_doc.py --check    # exit 1 if docs/catalog.md is out of date
 
-tests/core/test_catalog.py checks that the committed file equals ``render_doc()``.
+tests/core/test_catalog.py checks that the committed file equals ``render_doc()``. The output
+depends only on this tree's catalog (src/ comes first on the path), not on what is installed.
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text = render_doc()
     if args.check:
-        if not DOC.exists() or DOC.read_text() != text:
+        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
             print(f"{DOC.relative_to(ROOT)} is out of date: run python tools/gen_catalog_doc.py")
             return 1
         return 0
     DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text)
+    with open(DOC, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(text)
     print(f"wrote {DOC.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     return 0
 

@@ -1,5 +1,6 @@
 """Generate docs/conventions.md: what JAX and PyTorch return at each operation's kink, and the
-admissible set (the Clarke subdifferential), measured by running both frameworks (float64, CPU).
+admissible set (the Clarke subdifferential, the catalog's ``Admissible``), measured by running
+both frameworks (float64, CPU). The output depends only on the installed JAX and PyTorch.
 
     python tools/gen_conventions.py           # rewrite docs/conventions.md
     python tools/gen_conventions.py --check   # exit 1 if the committed table is out of date
@@ -21,6 +22,17 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "conventions.md")
+sys.path.insert(0, os.path.join(ROOT, "src"))  # this tree's catalog, whatever is installed
+
+from gradsan import _catalog  # noqa: E402
+from gradsan._catalog._types import Admissible  # noqa: E402
+
+
+def _of(entry_id: str) -> Admissible:
+    """The entry's admissible set, as the catalog writes it."""
+    adm = _catalog.get(entry_id).admissible
+    assert adm is not None, entry_id
+    return adm
 
 
 @dataclasses.dataclass
@@ -29,39 +41,7 @@ class Case:
     point: str
     jax: Callable[[], Any]  # returns the gradient (numpy-convertible)
     torch: Callable[[], Any]
-    admissible: str  # the set, in words
-    check: Callable[[np.ndarray], bool] | None  # membership test; None: no admissible value
-
-
-def _in(lo: float, hi: float) -> Callable[[np.ndarray], bool]:
-    return lambda g: bool(np.all(np.isfinite(g)) and np.all((g >= lo - 1e-12) & (g <= hi + 1e-12)))
-
-
-def _hull(support: list[int]) -> Callable[[np.ndarray], bool]:
-    def ok(g: np.ndarray) -> bool:
-        g = np.ravel(g)
-        others = [i for i in range(g.size) if i not in support]
-        return bool(
-            np.all(np.isfinite(g))
-            and np.all(g[support] >= -1e-12)
-            and abs(g[support].sum() - 1) <= 1e-9
-            and np.all(g[others] == 0)
-        )
-
-    return ok
-
-
-def _ball(g: np.ndarray) -> bool:
-    g = np.ravel(g)
-    return bool(np.all(np.isfinite(g)) and np.linalg.norm(g) <= 1 + 1e-12)
-
-
-def _psd_trace1(g: np.ndarray) -> bool:
-    g = np.asarray(g)
-    if not np.all(np.isfinite(g)):
-        return False
-    s = (g + g.T) / 2
-    return bool(abs(np.trace(s) - 1) <= 1e-9 and np.linalg.eigvalsh(s).min() >= -1e-9)
+    admissible: Admissible  # the set (the catalog's type), with its words
 
 
 def cases() -> list[Case]:
@@ -91,168 +71,147 @@ def cases() -> list[Case]:
             "x = 0",
             lambda: jg(jnp.abs, z),
             lambda: tg(torch.abs, z),
-            "[-1, 1]",
-            _in(-1, 1),
+            _of("abs-at-zero"),
         ),
         Case(
             "relu(x)",
             "x = 0",
             lambda: jg(jax.nn.relu, z),
             lambda: tg(torch.relu, z),
-            "[0, 1]",
-            _in(0, 1),
+            _of("relu-at-zero"),
         ),
         Case(
             "maximum(x, 0)",
             "x = 0",
             lambda: jg(lambda x: jnp.maximum(x, 0.0), z),
             lambda: tg(lambda x: torch.maximum(x, torch.zeros_like(x)), z),
-            "[0, 1]",
-            _in(0, 1),
+            Admissible.interval(0, 1),
         ),
         Case(
             "clip(x, 0, 1)",
             "x = 0",
             lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), z),
             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z),
-            "[0, 1]",
-            _in(0, 1),
+            Admissible.interval(0, 1),
         ),
         Case(
             "clip(x, 0, 1)",
             "x = 1",
             lambda: jg(lambda x: jnp.clip(x, 0.0, 1.0), 1.0),
             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), 1.0),
-            "[0, 1]",
-            _in(0, 1),
+            Admissible.interval(0, 1),
         ),
         Case(
             "lax.clamp(0, x, 1) / torch.clamp(x, 0, 1)",
             "x = 0",
             lambda: jg(lambda x: jax.lax.clamp(0.0, x, 1.0), z),
             lambda: tg(lambda x: torch.clamp(x, 0.0, 1.0), z),
-            "[0, 1]",
-            _in(0, 1),
+            Admissible.interval(0, 1),
         ),
         Case(
             "maximum(x, y)",
             "x = y = 1",
             lambda: jg(jnp.maximum, 1.0, 1.0),
             lambda: tg(torch.maximum, 1.0, 1.0),
-            "{(t, 1 - t) : t in [0, 1]}",
-            _hull([0, 1]),
+            Admissible.simplex([0, 1], "{(t, 1 - t) : t in [0, 1]}"),
         ),
         Case(
             "minimum(x, y)",
             "x = y = 1",
             lambda: jg(jnp.minimum, 1.0, 1.0),
             lambda: tg(torch.minimum, 1.0, 1.0),
-            "{(t, 1 - t) : t in [0, 1]}",
-            _hull([0, 1]),
+            Admissible.simplex([0, 1], "{(t, 1 - t) : t in [0, 1]}"),
         ),
         Case(
             "max(x) (reduction)",
             "x = [1, 1, 0]",
             lambda: jg(jnp.max, v110),
             lambda: tg(torch.amax, v110),
-            "convex combinations of e0, e1",
-            _hull([0, 1]),
+            Admissible.simplex([0, 1], "convex combinations of e0, e1"),
         ),
         Case(
             "max(x, dim=0) / x[argmax(x)]",
             "x = [1, 1, 0]",
             lambda: jg(lambda x: x[jnp.argmax(x)], v110),
             lambda: tg(lambda x: torch.max(x, dim=0).values, v110),
-            "convex combinations of e0, e1",
-            _hull([0, 1]),
+            Admissible.simplex([0, 1], "convex combinations of e0, e1"),
         ),
         Case(
             "sort(x)[-1]",
             "x = [3, 1, 3, 2]",
             lambda: jg(lambda x: jnp.sort(x)[-1], v3132),
             lambda: tg(lambda x: torch.sort(x).values[-1], v3132),
-            "convex combinations of e0, e2",
-            _hull([0, 2]),
+            Admissible.simplex([0, 2], "convex combinations of e0, e2"),
         ),
         Case(
             "top_k(x, 1)",
             "x = [3, 1, 3, 2]",
             lambda: jg(lambda x: jax.lax.top_k(x, 1)[0][0], v3132),
             lambda: tg(lambda x: torch.topk(x, 1).values[0], v3132),
-            "convex combinations of e0, e2",
-            _hull([0, 2]),
+            Admissible.simplex([0, 2], "convex combinations of e0, e2"),
         ),
         Case(
             "where(x > 0, x, 0)",
             "x = 0",
             lambda: jg(lambda x: jnp.where(x > 0, x, 0.0), z),
             lambda: tg(lambda x: torch.where(x > 0, x, torch.zeros_like(x)), z),
-            "[0, 1]",
-            _in(0, 1),
+            Admissible.interval(0, 1),
         ),
         Case(
             "norm(x)",
             "x = [0, 0]",
             lambda: jg(jnp.linalg.norm, [0.0, 0.0]),
             lambda: tg(torch.linalg.norm, [0.0, 0.0]),
-            "the unit ball",
-            _ball,
+            _of("norm-at-zero"),
         ),
         Case(
             "hypot(x, y)",
             "x = y = 0",
             lambda: jg(jnp.hypot, z, z),
             lambda: tg(torch.hypot, z, z),
-            "the unit disk",
-            _ball,
+            _of("hypot-at-origin"),
         ),
         Case(
             "eigvalsh(A)[-1]",
             "A = I (2x2)",
             lambda: jg(lambda a: jnp.linalg.eigvalsh(a)[-1], eye2),
             lambda: tg(lambda a: torch.linalg.eigvalsh(a)[-1], eye2),
-            "symmetric PSD matrices of trace 1",
-            _psd_trace1,
+            _of("eigh-repeated-eigenvalues"),
         ),
         Case(
             "sign(x)",
             "x = 0",
             lambda: jg(jnp.sign, z),
             lambda: tg(torch.sign, z),
-            "none (a jump)",
-            None,
+            _of("sign-at-zero"),
         ),
         Case(
             "floor(x)",
             "x = 2",
             lambda: jg(jnp.floor, 2.0),
             lambda: tg(torch.floor, 2.0),
-            "none (a jump)",
-            None,
+            _of("floor-round-at-jump"),
         ),
         Case(
             "round(x)",
             "x = 0.5",
             lambda: jg(jnp.round, 0.5),
             lambda: tg(torch.round, 0.5),
-            "none (a jump)",
-            None,
+            _of("floor-round-at-jump"),
         ),
         Case(
             "atan2(y, x)",
             "x = y = 0",
             lambda: jg(jnp.arctan2, z, z),
             lambda: tg(torch.atan2, z, z),
-            "none (discontinuous)",
-            None,
+            _of("atan2-at-origin"),
         ),
         Case(
             "relu(x) - relu(-x)  (= x)",
             "x = 0",
             lambda: jg(lambda x: jax.nn.relu(x) - jax.nn.relu(-x), z),
             lambda: tg(lambda x: torch.relu(x) - torch.relu(-x), z),
-            "{1} (differentiable)",
-            lambda g: bool(np.all(g == 1)),
+            Admissible.interval(1, 1, "{1} (differentiable)"),
         ),
     ]
 
@@ -269,16 +228,16 @@ def _fmt(g: Any) -> str:
         return repr(v)
 
     if a.ndim == 0:
-        return one(a)
+        return one(float(a))
     if a.ndim == 1:
         return "[" + ", ".join(one(v) for v in a) + "]"
     return "[" + ", ".join(_fmt(r) for r in a) + "]"
 
 
-def _verdict(check, g) -> str:
-    if check is None:
+def _verdict(admissible: Admissible, g: Any) -> str:
+    if not admissible.exists():
         return "no (none exists)"
-    return "yes" if check(np.asarray(g, np.float64)) else "**no**"
+    return "yes" if admissible.contains(g) else "**no**"
 
 
 def render() -> str:
@@ -289,8 +248,8 @@ def render() -> str:
     for c in cases():
         gj, gt = c.jax(), c.torch()
         rows.append(
-            f"| `{c.name}` | {c.point} | {_fmt(gj)} | {_fmt(gt)} | {c.admissible} | "
-            f"{_verdict(c.check, gj)} | {_verdict(c.check, gt)} |"
+            f"| `{c.name}` | {c.point} | {_fmt(gj)} | {_fmt(gt)} | {c.admissible.words} | "
+            f"{_verdict(c.admissible, gj)} | {_verdict(c.admissible, gt)} |"
         )
     torch_version = torch.__version__.split("+")[0]
     lines = [
@@ -321,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if ns.check:
         try:
-            with open(OUT) as fh:
+            with open(OUT, encoding="utf-8") as fh:
                 old = fh.read()
         except FileNotFoundError:
             old = ""
@@ -330,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w") as fh:
+    with open(OUT, "w", encoding="utf-8", newline="\n") as fh:
         fh.write(text)
     print(f"wrote {OUT}")
     return 0

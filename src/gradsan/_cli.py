@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _catalog(args: argparse.Namespace) -> int:
@@ -16,9 +17,9 @@ def _catalog(args: argparse.Namespace) -> int:
             print(f"gradsan: {e.args[0]}", file=sys.stderr)
             return 2
         return 0
-    width = max(len(e.id) for e in catalog.ENTRIES)
-    for e in catalog.ENTRIES:
-        print(f"{e.id:<{width}}  {e.kind:<13} {e.title}")
+    width = max(len(entry.id) for entry in catalog.ENTRIES)
+    for entry in catalog.ENTRIES:
+        print(f"{entry.id:<{width}}  {entry.kind:<13} {entry.title}")
     print(f"\n{len(catalog.ENTRIES)} entries. `gradsan catalog ID` prints one.")
     return 0
 
@@ -27,6 +28,55 @@ def _demo(args: argparse.Namespace) -> int:
     from ._demo import main as demo_main
 
     return demo_main(args.cases)
+
+
+def _add_run_parser(sub: Any) -> None:
+    """The `gradsan run` subcommand (the work is in gradsan/_run/)."""
+    p = sub.add_parser(
+        "run",
+        help="run a Python script with gradsan's guard on every gradient",
+        description="Run SCRIPT as __main__ with every JAX jit/grad and every PyTorch backward "
+        "checked for NaN/Inf (one fused check per call). At the first non-finite gradient: "
+        "print the explanation, write gradsan-repro-<time>/ and exit with status 3.",
+    )
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="PyTorch: trace every step (slower) instead of re-running the script "
+        "up to the failing step",
+    )
+    p.add_argument(
+        "--sanitize",
+        action="store_true",
+        help="also report kinks (abs/relu at 0, ties) on the first call of each "
+        "function, without stopping",
+    )
+    p.add_argument("--json", metavar="FILE", help="write the reports as JSON to FILE")
+    p.add_argument(
+        "--repro-dir",
+        metavar="DIR",
+        help="where to write the reproducer (default gradsan-repro-<time>/)",
+    )
+    p.add_argument("--replay-step", type=int, metavar="N", help=argparse.SUPPRESS)
+    p.add_argument("--replay-out", metavar="FILE", help=argparse.SUPPRESS)
+    p.add_argument("script", help="the Python script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    p.set_defaults(fn=_run)
+
+
+def _run(a: argparse.Namespace) -> int:
+    from ._run import run
+
+    return run(
+        a.script,
+        a.args,
+        trace=a.trace,
+        sanitize=a.sanitize,
+        json_path=a.json,
+        repro_dir=a.repro_dir,
+        replay_step=a.replay_step,
+        replay_out=a.replay_out,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="a gallery of classic NaN-gradient cases, diagnosed")
     p.add_argument("cases", nargs="*", help="run only these cases (by name)")
     p.set_defaults(fn=_demo)
-    from ._run import add_run_parser
-
-    add_run_parser(sub)
+    _add_run_parser(sub)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if not config.getoption("gradsan", False):
         return
-    from ._run import Hooks
+    from ._run._hooks import Hooks
 
     hooks = Hooks(_raise, trace_from=1 if config.getoption("gradsan_trace", False) else None)
     hooks.enabled = False  # on only while a test runs
@@ -73,14 +73,11 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     if hooks is None or item.get_closest_marker("gradsan_allow_nonfinite") is not None:
         yield
         return
-    hooks.enabled = True
-    hooks.torch_calls = 0
-    hooks._begin_session(1)
+    hooks.begin_test()
     try:
         yield
     finally:
-        hooks.enabled = False
-        hooks._end_session()
+        hooks.end_test()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -111,7 +108,7 @@ class _Check:
     @contextlib.contextmanager
     def _block(self) -> Any:
         __tracebackhide__ = True
-        from ._run import Hooks
+        from ._run._hooks import Hooks
 
         shared = getattr(self.config, _HOOKS_KEY, None)
         was = shared.enabled if shared is not None else False

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from gradsan import _catalog
-from gradsan._catalog._classify import classify, classify_overflow, known_ops
+from gradsan._catalog._classify import classify, known_ops
+from gradsan._catalog._overflow import classify_overflow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -40,7 +41,7 @@ def test_entry_fields_are_filled(entry):
     assert all(v.strip() for v in entry.conventions.values()), entry.id
     if entry.kind == "kink":
         assert entry.subdifferential and entry.subdifferential.strip(), entry.id
-    assert entry.kind in _catalog._singularity.KINDS
+    assert entry.kind in _catalog._types.KINDS
 
 
 def test_ids_are_kebab_and_unique():
@@ -53,7 +54,7 @@ def test_required_ids_are_present():
     required = """sqrt-at-zero sqrt-of-negative rsqrt-at-zero cbrt-at-zero pow-fractional-at-zero
     pow-negative-at-zero pow-negative-base pow-exponent-grad-at-zero-base
     integer-pow-negative-at-zero div-by-zero log-at-zero log-of-negative log1p-at-minus-one
-    log2-at-zero log10-at-zero xlogy-at-zero atan2-at-origin acos-at-one asin-at-one
+    xlogy-at-zero atan2-at-origin acos-at-one asin-at-one
     atanh-at-one acosh-at-one tan-at-pole exp-overflow expm1-overflow lgamma-at-pole
     digamma-at-pole erf-inv-at-one norm-at-zero std-of-constant var-of-constant
     logsumexp-all-neg-inf softmax-all-neg-inf float16-overflow nonfinite-input abs-at-zero
@@ -137,8 +138,6 @@ CASES: list[tuple[str, list, list, dict, str]] = [
     ("log", [-1.0], [1.0], {}, "log-of-negative"),
     ("log1p", [-1.0], ["-1+"], {}, "log1p-at-minus-one"),
     ("log1p", [-2.0], [0.0], {}, "log-of-negative"),
-    ("log2", [0.0], ["tiny"], {}, "log2-at-zero"),
-    ("log10", [0.0], ["tiny"], {}, "log10-at-zero"),
     ("xlogy", [0.0, 0.0], [0.0, "tiny"], {}, "xlogy-at-zero"),
     ("xlogy", [1.0, 0.0], [1.0, "tiny"], {}, "log-at-zero"),
     ("atan2", [0.0, 0.0], [0.0, "tiny"], {}, "atan2-at-origin"),

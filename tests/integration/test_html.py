@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from gradsan import Finding, Frame, OutputHit, Report
-from gradsan._html import render_html
+from gradsan._report._html import render_html
 
 
 def sample_report() -> Report:

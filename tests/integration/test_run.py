@@ -151,7 +151,7 @@ def test_library_jits_are_not_wrapped_and_tracing_passes_through(tmp_path):
     """)
     r = gradsan("run", script, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "_GuardedJax [2.0, 2.0] True" in r.stdout
+    assert "Watched [2.0, 2.0] True" in r.stdout
 
 
 def test_sanitize_reports_kinks_without_stopping(tmp_path):

@@ -11,38 +11,8 @@ import pytest
 import gradsan
 import gradsan.jax  # noqa: F401  (gradsan.jax.safe in the fixes' namespace)
 
-# the singular point of each entry, as (x, y)
-POINTS = {
-    "sqrt-at-zero": (0.0, None),
-    "rsqrt-at-zero": (0.0, None),
-    "cbrt-at-zero": (0.0, None),
-    "pow-fractional-at-zero": (0.0, None),
-    "div-by-zero": (1.0, 0.0),
-    "log-at-zero": (0.0, None),
-    "log1p-at-minus-one": (-1.0, None),
-    "log2-at-zero": (0.0, None),
-    "log10-at-zero": (0.0, None),
-    "xlogy-at-zero": (0.0, 0.0),
-    "atan2-at-origin": (0.0, 0.0),
-    "acos-at-one": (1.0, None),
-    "asin-at-one": (1.0, None),
-    "atanh-at-one": (1.0, None),
-    "norm-at-zero": ([0.0, 0.0], None),
-    "std-of-constant": ([1.0, 1.0, 1.0], None),
-    "var-of-constant": ([1.0, 1.0, 1.0], None),
-    "hypot-at-origin": (0.0, 0.0),
-    "sqrt-of-negative": (-1.0, None),
-    "acosh-at-one": (1.0, None),
-    "erf-inv-at-one": (1.0, None),
-    "pow-negative-at-zero": (0.0, None),
-    "pow-negative-base": (-1.0, None),
-}
-# other placeholders a fix may use, per entry (the exponent p)
-EXTRA = {
-    "pow-fractional-at-zero": {"p": 0.5},
-    "pow-negative-at-zero": {"p": -0.5},
-    "pow-negative-base": {"p": 1.5},
-}
+# the singular point of each entry, in the names its fixes use: x (and y, p)
+POINTS = {e.id: dict(e.point) for e in gradsan.catalog.ENTRIES if e.point is not None}
 KNOWN = {"jnp", "jax", "gradsan", "np", "x", "y", "True", "False", "None"}
 
 
@@ -62,7 +32,9 @@ def _free_names(code: str) -> set[str]:
 def _result_name(code: str) -> str:
     last = ast.parse(code).body[-1]
     assert isinstance(last, ast.Assign), code
-    return last.targets[0].id
+    target = last.targets[0]
+    assert isinstance(target, ast.Name), code
+    return target.id
 
 
 def _cases():
@@ -71,13 +43,14 @@ def _cases():
         for i, fix in enumerate(entry.fixes):
             if "still singular" in fix.summary:  # a note about another form, not a fix
                 continue
-            if not _free_names(fix.jax) - set(EXTRA.get(entry_id, {})):
+            if not _free_names(fix.jax) - set(point):
                 yield pytest.param(entry_id, fix.jax, point, id=f"{entry_id}-{i}")
 
 
 @pytest.mark.parametrize("entry_id, code, point", list(_cases()))
 def test_fix_runs_and_gives_a_finite_gradient(entry_id, code, point):
-    x0, y0 = point
+    x0, y0 = point["x"], point.get("y")
+    extra = {k: v for k, v in point.items() if k not in ("x", "y")}
     target = _result_name(code)
 
     def f(x, y):
@@ -88,7 +61,7 @@ def test_fix_runs_and_gives_a_finite_gradient(entry_id, code, point):
             "np": np,
             "x": x,
             "y": y,
-            **EXTRA.get(entry_id, {}),
+            **extra,
         }
         exec(code, ns)
         return jnp.sum(ns[target])

@@ -5,14 +5,15 @@ import numpy as np
 import pytest
 
 import gradsan.jax as gsj
-from gradsan import _demo, demo_cases
+from gradsan import _demo
+from gradsan._demo import case as demo_cases
 
 
 @pytest.mark.parametrize("name", sorted(demo_cases.CASES))
 def test_case_is_diagnosed_and_fixed(name):
     case = demo_cases.CASES[name]()
     report = gsj.explain(case.grad)(*case.args)
-    assert not report.ok and report.findings[0].where.file.endswith("demo_cases.py")
+    assert not report.ok and report.findings[0].where.file == demo_cases.__file__
     fixed = case.fixed(*case.args)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(fixed))
     if callable(case.truth):

@@ -158,3 +158,17 @@ def test_guard_switches_to_the_fused_program_after_the_background_compile():
     g(jnp.zeros((3, 8, 4)).sum(0) + w, x)  # same shapes: compiled path
     g(jnp.ones((8, 2)), jnp.ones((5, 8)))  # other shapes: the jit path
     assert g._gradsan_state["use_jit"]
+
+
+def test_guard_of_grad_of_jit_returns_the_gradient():
+    # jax.grad(jax.jit(f)) copies the jitted function's _jit_info and __wrapped__ (= f): it is
+    # not a jit, and fusing the flag into jit(f) would return f's value instead of its gradient
+    g = gsj.guard(jax.grad(jax.jit(lambda x: jnp.sum(x**2))))
+    x = jnp.array([1.0, 2.0])
+    for _ in range(3):
+        np.testing.assert_array_equal(
+            np.asarray(g(x)), np.array([2.0, 4.0], np.float32), strict=True
+        )
+        thread = g._gradsan_state["thread"]
+        if thread is not None:
+            thread.join()

@@ -28,7 +28,6 @@ class Marks(Restaging):
 
     def __init__(self):
         super().__init__()
-        self.acc = {}
         self.jits: dict = {}
 
     def literal_side(self, value):

@@ -4,9 +4,9 @@ Messages, the CLI, docs and tests all read the mathematics from here; backends o
 operations onto the canonical op names used by the entries.
 """
 
-from ._entries import ENTRIES as ENTRIES
-from ._singularity import Fix as Fix
-from ._singularity import Singularity as Singularity
+from ._types import Fix as Fix
+from ._types import Singularity as Singularity
+from .entries import ENTRIES as ENTRIES
 
 _BY_ID = {e.id: e for e in ENTRIES}
 if len(_BY_ID) != len(ENTRIES):  # pragma: no cover - guards the table itself

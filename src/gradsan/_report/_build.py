@@ -1,13 +1,45 @@
-"""Building findings from catalog entries: the one place where a backend's event becomes the
-words a user reads. Backends call these; they never write explanation text themselves."""
+"""Events -> Findings: the one place where what a backend saw becomes the words a user reads.
+
+Backends emit the text-free records of :mod:`gradsan._events`; :func:`build` attaches the
+catalog entry's title, explanation, derivative and fixes, and the fixed sentences of
+``_messages.py``. :func:`catalog_finding` is the lower layer (a Finding from a catalog id and
+its common fields), which the JAX backends still call directly until they emit events.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import _catalog
-from ._records import Finding, Frame, OutputHit
+from .._events import (
+    Because,
+    Certificate,
+    Event,
+    Kink,
+    Note,
+    Origin,
+    Poison,
+    Repair,
+    Rule,
+    Unresolved,
+    Verdict,
+)
+from . import _messages as M
+from ._format import format_value
+from ._records import (
+    CertificateDetails,
+    Details,
+    Finding,
+    Frame,
+    KinkDetails,
+    OriginDetails,
+    OutputHit,
+    RepairDetails,
+    details_from,
+)
 
 
 def describe_values(op: str, got: str, count: int, size: int, index: Sequence[int] | None) -> str:
@@ -72,11 +104,15 @@ def _atomic(text: str) -> bool:
     return isinstance(node, (ast.Call, ast.Name, ast.Attribute, ast.Subscript, ast.Constant))
 
 
+def _constant(text: str) -> Callable[[re.Match[str]], str]:
+    """A re.sub replacement that inserts ``text`` as it is (no backslash escapes)."""
+    return lambda _m: text
+
+
 def adapt_fix(code: str, where: Frame | None) -> str:
     """The catalog's fix code written with the user's own names: its placeholder operands ``x``
     (and ``y`` for binary operations) become the operands at the caret, and the assigned name
     becomes the user's variable."""
-    import re
 
     operands, target = _call_parts(where)
     if not operands:
@@ -94,7 +130,7 @@ def adapt_fix(code: str, where: Frame | None) -> str:
         uses = sum(len(re.findall(rf"\b{name}\b", ln)) for ln in lines)
         if simple or uses <= 1:
             wrapped = text if simple or _atomic(text) else f"({text})"
-            lines = [re.sub(rf"\b{name}\b", lambda _m, t=wrapped: t, ln) for ln in lines]
+            lines = [re.sub(rf"\b{name}\b", _constant(wrapped), ln) for ln in lines]
         else:  # a compound operand used several times: bind it once
             prefix.append(f"{name} = {text}")
     if target is not None and lines:
@@ -136,20 +172,23 @@ def catalog_finding(
     context: str = "",
     scope: str = "",
     outputs: Sequence[OutputHit] = (),
-    detail: dict[str, Any] | None = None,
+    detail: Mapping[str, Any] | None = None,
+    got_value: float | None = None,
 ) -> Finding:
-    """A Finding whose title, explanation and fixes come from catalog entry ``entry_id``."""
+    """A Finding whose title, explanation and fixes come from catalog entry ``entry_id``.
+
+    ``detail``: typed details (or a plain mapping of their keys, converted)."""
     entry = None
     if entry_id is not None:
         try:
             entry = _catalog.get(entry_id)
         except KeyError:
             entry = None
-    detail = dict(detail or {})
+    details: Details = details_from(kind, detail)
     if got is not None:
-        detail.setdefault("got", got)
+        details.setdefault("got", got)
     if entry is not None:
-        detail.setdefault("derivative", entry.derivative)
+        details.setdefault("derivative", entry.derivative)
     values = describe_values(primitive, got, count, size, index) if got is not None else ""
     return Finding(
         kind=kind,  # type: ignore[arg-type]
@@ -174,5 +213,403 @@ def catalog_finding(
         title=entry.title if entry else "",
         explanation=entry.explanation if entry else "",
         suggestions=suggestions(entry_id, backend, where),
+        detail=details,
+        got_value=got_value,
+    )
+
+
+# ---- events -> findings -------------------------------------------------------------------------
+
+
+def _format(v: Any) -> str:
+    return format_value(v)
+
+
+def _index_list(index: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in index)
+
+
+def _note(ev: Origin) -> str | None:
+    if ev.note is Note.DERIVATIVE_IS:
+        return M.NOTE_DERIVATIVE_IS.format(value=ev.note_value)
+    if ev.note is Note.DERIVATIVE_RULE_NAN:
+        return M.NOTE_DERIVATIVE_RULE_NAN
+    if ev.note is Note.RETURNED:
+        return M.NOTE_RETURNED.format(value=ev.note_value)
+    if ev.note is Note.CUSTOM_VJP_RULE:
+        return M.NOTE_CUSTOM_VJP_RULE.format(call=ev.custom_vjp_call)
+    return None
+
+
+def form_text(p: Poison) -> str:
+    """The indeterminate form in numbers: ``0.0 * inf = nan``."""
+    vals = p.operands
+    pair = vals is not None and len(vals) == 2 and all(v is not None for v in vals)
+    if p.op_class == "mul":
+        if pair and p.form == "0*inf":
+            assert vals is not None
+            return M.FORM_PRODUCT.format(a=_format(vals[0]), b=_format(vals[1]))
+        return ""
+    if p.op_class == "div":
+        if pair and p.form == "0/0":
+            return M.FORM_ZERO_OVER_ZERO
+        if pair and p.form == "inf/inf":
+            assert vals is not None
+            return M.FORM_QUOTIENT.format(a=_format(vals[0]), b=_format(vals[1]))
+        return ""
+    if p.op_class == "sum":
+        return M.FORM_SUM
+    if p.op_class == "product":
+        return M.FORM_INSIDE.format(op=p.op)
+    return M.FORM_OF_INFINITE.format(op=p.op)
+
+
+def _met(ev: Origin, detail: OriginDetails) -> tuple[Frame | None, Frame | None, str | None]:
+    """(zero_from, met_where, met_op) of an origin's poison; fills the met_* details."""
+    p = ev.poison
+    if p is None:
+        return None, None, None
+    if ev.backend == "torch":
+        if not p.form:
+            return None, None, None
+        met_op = M.MET_OP_IN_NODE.format(op=p.op, node=p.node) if p.node is not None else p.op
+        detail.met_text = M.MET_TORCH.format(form=p.form, met_op=met_op)
+        return p.zero_from, None, met_op
+    text = form_text(p)
+    phase = M.MET_JAX_BACKWARD if p.backward else ""
+    met_text = M.MET_JAX.format(text=text, phase=phase, op=p.op) if text else ""
+    detail.met_value = ev.produced or ev.result
+    zero_from = None
+    if p.zero_operand is not None:
+        zero_from = p.zero_from
+        if p.zero_constant:
+            met_text += M.MET_ZERO_CONSTANT
+        else:
+            met_text = M.MET_ZERO_HERE + met_text
+    detail.met_text = met_text
+    if p.form == "inf-inf":
+        zero_from = None
+    return zero_from, p.where, p.op
+
+
+def _input_values(ev: Origin) -> str:
+    n = ev.count
+    if ev.backend == "torch":
+        first = M.INPUT_FIRST_TORCH.format(index=_index_list(ev.index or ())) if ev.size > 1 else ""
+        return M.INPUT_VALUES_TORCH.format(
+            name=ev.input, result=ev.held, count=n, size=ev.size, first=first
+        )
+    label = ev.input if ev.constant else f"`{ev.input}`"
+    first = M.INPUT_FIRST_JAX.format(index=list(ev.index)) if ev.index else ""
+    return M.INPUT_VALUES_JAX.format(label=label, got=ev.held, count=n, size=ev.size, first=first)
+
+
+def origin(ev: Origin) -> Finding:
+    """The Finding of a non-finite origin."""
+    detail = OriginDetails(
+        input=ev.input,
+        origin_op=ev.origin_op,
+        node=ev.node,
+        device=ev.device,
+        mesh_coordinate=dict(ev.mesh_coordinate) if ev.mesh_coordinate is not None else None,
+        global_index=ev.global_index,
+    )
+    if ev.custom_vjp_call is not None:
+        detail.custom_vjp_call = str(ev.custom_vjp_call)
+    detail.note = _note(ev)
+    if ev.unresolved:
+        detail.why_unresolved = M.WHY_UNRESOLVED_TORCH
+    backend_op = ev.backend_op
+    if ev.node is not None:
+        backend_op = M.MET_OP_IN_NODE.format(op=ev.backend_op, node=ev.node)
+    if ev.backward:
+        backend_op += " (backward)"
+    # a NaN made from constant infinities: the poison is the origin's own form, met nowhere else
+    own = ev.because is Because.CONSTANT_INFS
+    zero_from, met_where, met_op = (None, None, None) if own else _met(ev, detail)
+    f = catalog_finding(
+        backend=ev.backend,
+        entry_id=ev.entry_id,
+        kind="unresolved" if ev.unresolved else "nonfinite",
+        phase=ev.phase,
+        primitive=ev.op,
+        where=ev.where,
+        result=ev.result,
+        backend_op=backend_op,
+        got=ev.got,
+        count=ev.count,
+        size=ev.size,
+        index=ev.index,
+        library=ev.library,
+        zero_from=zero_from,
+        form=ev.poison.form if ev.poison is not None else None,
+        met_op=met_op,
+        met_where=met_where,
+        context=ev.context,
+        scope=ev.scope,
+        outputs=ev.outputs,
+        detail=detail,
+        got_value=ev.got_value,
+    )
+    if ev.input is not None:
+        f.values = _input_values(ev)
+    if ev.because is Because.SHARD_MAP:
+        f.primitive = ev.body_op or "shard_map"
+        f.library = "shard_map"
+        f.explanation = M.SHARD_MAP.format(op=f.primitive)
+    elif ev.because is Because.CONSTANT_INFS:
+        p = ev.poison
+        f.explanation = M.CONSTANT_INFS.format(
+            op=ev.origin_op or ev.op, text=(form_text(p) if p else "") or M.CONSTANT_INFS_NAN
+        )
+    elif ev.because is Because.NOT_IN_CATALOG:
+        f.explanation = M.NOT_IN_CATALOG.format(op=ev.origin_op or ev.op, result=ev.result)
+    return f
+
+
+def kink(ev: Kink) -> Finding:
+    """The Finding of a kink (or of a convention outside the admissible set)."""
+    detail = KinkDetails(op=ev.op if ev.backend == "jax" else None)
+    try:
+        entry = _catalog.get(ev.entry_id)
+    except KeyError:
+        detail.missing_catalog_entry = ev.entry_id
+    else:
+        conv = entry.conventions.get(ev.backend)
+        if conv:
+            detail.convention = conv
+        detail.subdifferential = entry.subdifferential
+        if ev.backend == "jax" and entry.kind == "discontinuity" and not entry.subdifferential:
+            detail.subdifferential = M.SUBDIFFERENTIAL_JUMP
+    for k, v in ev.facts.items():
+        detail[k] = v
+    if ev.comparison is not None:
+        detail.comparison = M.WHERE_COMPARISON.format(op=ev.comparison)
+    if ev.trivial is not None:
+        detail.trivial_count = ev.trivial
+        detail.tie = "trivial" if ev.trivial == ev.count else "non-trivial"
+        if detail.tie == "trivial":
+            detail.tie_note = M.TIE_TRIVIAL
+    if ev.admissible is not None:
+        detail.admissible = ev.admissible
+    if ev.inadmissible_convention:
+        detail.admissible = False
+    return catalog_finding(
+        backend=ev.backend,
+        entry_id=ev.entry_id,
+        kind="unresolved"
+        if ev.unresolved
+        else "convention"
+        if ev.inadmissible_convention
+        else "kink",
+        phase="gradient",
+        primitive=ev.primitive,
+        where=ev.where,
+        result="finite",
+        backend_op=ev.backend_op,
+        got=ev.got,
+        count=ev.count,
+        size=ev.size,
+        index=ev.index,
+        library=ev.library,
+        context=ev.context,
+        scope=ev.scope,
+        detail=detail,
+        got_value=ev.got_value,
+    )
+
+
+def _rule_text(ev: Repair) -> str:
+    if ev.rule is Rule.STRONG_ZERO:
+        return M.RULE_STRONG_ZERO
+    if ev.backend == "torch":
+        return M.RULE_STRUCTURAL_TORCH
+    reasons = []
+    for reason, margin in zip(ev.reasons, ev.margins or (None,) * len(ev.reasons)):
+        if reason == M.REASON_UNSELECTED and margin is not None and margin == margin:
+            if abs(margin) != float("inf"):
+                reason += M.REASON_MARGIN.format(margin=margin)
+        reasons.append(reason)
+    return M.RULE_STRUCTURAL.format(
+        reasons="; ".join(dict.fromkeys(reasons)) or M.RULE_STRUCTURAL_ANY
+    )
+
+
+def repair(ev: Repair) -> Finding:
+    """The Finding of a nansafe repair."""
+    detail = RepairDetails(rule=_rule_text(ev), repaired=ev.count)
+    if ev.backend != "torch":
+        detail.proven = ev.proven
+    if ev.rule is Rule.STRONG_ZERO:
+        detail.note = M.NOTE_STRONG_ZERO
+    f = catalog_finding(
+        backend=ev.backend,
+        entry_id=ev.entry_id,
+        kind="resolved",
+        phase="gradient",
+        primitive=ev.op,
+        where=ev.where,
+        result="finite",
+        backend_op=ev.backend_op + (" (backward)" if ev.backward else ""),
+        count=ev.count,
+        size=ev.size,
+        library=ev.library,
+        form=ev.form,
+        met_op=ev.met_op or None,
+        met_where=ev.where if ev.met_op else None,
+        scope=ev.scope,
         detail=detail,
     )
+    if ev.backend == "torch":
+        f.values = M.REPAIRED_TORCH.format(count=ev.count, node=ev.node or ev.backend_op)
+    elif ev.rule is Rule.STRONG_ZERO:
+        f.values = M.REPAIRED_STRONG_ZERO.format(count=ev.count, op=ev.met_op)
+    else:
+        f.values = M.REPAIRED_STRUCTURAL.format(count=ev.count, op=ev.met_op)
+    return f
+
+
+def unresolved(ev: Unresolved) -> Finding:
+    """The Finding of a value nansafe left non-finite."""
+    detail = RepairDetails(
+        rule=M.RULE_NUMERICAL,
+        count=ev.count,
+        why_unresolved=M.WHY_UNRESOLVED_JAX,
+        note=M.NOTE_NUMERICAL,
+    )
+    f = catalog_finding(
+        backend=ev.backend,
+        entry_id=ev.entry_id,
+        kind="unresolved",
+        phase="gradient",
+        primitive=ev.op,
+        where=ev.where,
+        result="nan",
+        backend_op=ev.backend_op + (" (backward)" if ev.backward else ""),
+        count=ev.count,
+        size=0,
+        library=ev.library,
+        form=ev.form,
+        met_op=ev.met_op or None,
+        met_where=ev.where if ev.met_op else None,
+        detail=detail,
+    )
+    f.values = M.STAYED_NAN.format(count=ev.count, op=ev.met_op)
+    return f
+
+
+def merged(events: Iterable[Event]) -> list[Event]:
+    """Repairs (and unresolved values) of one operation at one place as one event whose count
+    is the sum: counts are added before the words are written, never in rendered text."""
+    out: list[Event] = []
+    at: dict[tuple, int] = {}
+    for ev in events:
+        if isinstance(ev, (Repair, Unresolved)):
+            rule = _rule_text(ev) if isinstance(ev, Repair) else None
+            k = (type(ev), ev.where, ev.op, rule)
+            i = at.get(k)
+            if i is not None:
+                prev = out[i]
+                assert isinstance(prev, (Repair, Unresolved))
+                out[i] = dataclasses.replace(prev, count=prev.count + ev.count)
+                continue
+            at[k] = len(out)
+        out.append(ev)
+    return out
+
+
+def certificate_text(ev: Certificate) -> str:
+    """The certificate, in words, of certify's verdict."""
+    v = ev.verdict
+    if v is Verdict.DISCONTINUOUS:
+        lo, hi = ev.limits
+        i, k = ev.directions
+        cert = M.CERT_RAY.format(
+            verdict="DISCONTINUOUS", certificate=M.CERT_DISCONTINUOUS.format(lo=lo, i=i, hi=hi, k=k)
+        )
+    elif v is Verdict.SINGULAR:
+        cert = M.CERT_RAY.format(verdict=ev.ray_verdict, certificate=ev.ray_certificate)
+    elif v is Verdict.UNDECIDED:
+        return M.CERT_UNDECIDED.format(notes="; ".join(ev.ray_notes or (M.CERT_UNDECIDED_DEFAULT,)))
+    elif v is Verdict.DOMAIN:
+        return M.CERT_DOMAIN
+    elif v is Verdict.GRADIENT:
+        cert = M.CERT_GRADIENT
+        if ev.domain_rays:
+            cert += M.CERT_ONE_SIDED.format(domain=ev.domain_rays, total=len(ev.verdicts))
+        if ev.removable:
+            cert += M.CERT_REMOVABLE
+        return cert
+    else:
+        why = M.CERT_TWO_LIMITS if v is Verdict.CLARKE_TWO_LIMITS else M.CERT_KINK
+        return M.CERT_CLARKE.format(why=why)
+    if ev.differentiable is False:
+        cert += M.CERT_NOT_DIFFERENTIABLE
+    return cert
+
+
+_LABELS = {
+    Verdict.GRADIENT: "gradient",
+    Verdict.CLARKE_TWO_LIMITS: "clarke-subgradient",
+    Verdict.CLARKE_KINK: "clarke-subgradient",
+    Verdict.SINGULAR: "singular",
+    Verdict.DISCONTINUOUS: "singular",
+    Verdict.DOMAIN: "singular",
+    Verdict.UNDECIDED: "undecided",
+}
+
+
+def certificate(ev: Certificate) -> Finding:
+    """The Finding (kind ``certified``) of certify's verdict."""
+    label = _LABELS[ev.verdict]
+    cert = certificate_text(ev)
+    title = M.CERTIFIED_TITLES[label]
+    lines = [cert]
+    for d in ev.verdicts:
+        line = M.CERT_DIRECTION.format(direction=d["direction"], verdict=d["verdict"])
+        if d.get("certificate"):
+            line += M.CERT_DIRECTION_CERTIFICATE.format(certificate=d["certificate"])
+        if d.get("notes"):
+            line += M.CERT_DIRECTION_NOTES.format(notes="; ".join(d["notes"]))
+        lines.append(line)
+    detail = CertificateDetails(
+        label=label,
+        verdicts=list(ev.verdicts),  # type: ignore[arg-type]
+        certificate=cert,
+        differentiable=ev.differentiable,
+        fx0=ev.fx0,
+        terms=ev.terms,
+        unverified=sorted(ev.unverified),
+    )
+    return Finding(
+        kind="certified",
+        catalog_id=None,
+        phase="gradient",
+        primitive="gradsan.jax.certify",
+        where=ev.where,
+        result=title,
+        title=title,
+        explanation="\n".join(lines),
+        detail=detail,
+        outputs=[OutputHit(path=ev.output, count=ev.size, size=ev.size, kind="grad")],
+    )
+
+
+def certificate_notes(ev: Certificate) -> list[str]:
+    """The report notes of certify's verdict."""
+    if not ev.unverified:
+        return []
+    return [M.UNVERIFIED.format(ops=", ".join(sorted(ev.unverified)))]
+
+
+def build(ev: Event) -> Finding:
+    """The Finding of any event."""
+    if isinstance(ev, Origin):
+        return origin(ev)
+    if isinstance(ev, Kink):
+        return kink(ev)
+    if isinstance(ev, Repair):
+        return repair(ev)
+    if isinstance(ev, Unresolved):
+        return unresolved(ev)
+    return certificate(ev)

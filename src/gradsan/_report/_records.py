@@ -1,12 +1,22 @@
-"""The records every backend produces and every renderer reads: Frame, Finding, Report."""
+"""The records every backend produces and every renderer reads: Frame, Finding, Report.
+
+A Finding's facts that belong to one kind of finding live in a typed ``Details`` record
+(:class:`OriginDetails` for a non-finite origin, :class:`RepairDetails` for a repair or a
+value left unresolved, :class:`KinkDetails` for a kink or a convention, and
+:class:`CertificateDetails` for certify's verdict). ``Finding.detail`` is that record; it is also
+a mapping over the facts it holds (the keys of the former untyped ``detail`` dict), so code that
+reads ``f.detail["rule"]`` or ``f.detail.get("note")`` keeps working. A fact that is None is
+absent from the mapping.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Literal
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any, ClassVar, Literal
 
-Kind = Literal["nonfinite", "resolved", "kink", "convention", "unresolved"]
+Kind = Literal["nonfinite", "resolved", "kink", "convention", "unresolved", "certified"]
 Phase = Literal["value", "gradient"]
 
 
@@ -52,12 +62,207 @@ class OutputHit:
         return f"{name} ({self.count} of {self.size} elements)"
 
 
+# ---- typed details ------------------------------------------------------------------------------
+
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class Details(MutableMapping[str, Any]):
+    """The facts of one finding beyond the common fields, as a mapping over those that are set.
+
+    Subclasses add the facts of one kind of finding. ``extra`` holds a key no subclass declares
+    (written by a backend that has not moved onto the event layer yet); it stays empty for
+    findings built from events.
+    """
+
+    got: str | None = None  # the operand value the catalog entry saw, formatted ("0.0")
+    derivative: str | None = None  # the catalog entry's derivative formula
+    note: str | None = None  # one clause the headline or the row adds
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    # a key of the mapping that is not a Python name: key -> field
+    ALIASES: ClassVar[Mapping[str, str]] = {}
+    # fields that are part of the mapping even when None
+    KEEP_NONE: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def keys_declared(cls) -> tuple[str, ...]:
+        back = {v: k for k, v in cls.ALIASES.items()}
+        return tuple(back.get(f.name, f.name) for f in dataclasses.fields(cls) if f.name != "extra")
+
+    def _field(self, key: str) -> str | None:
+        name = self.ALIASES.get(key, key)
+        if name == "extra" or name not in self._names():
+            return None
+        return name
+
+    @classmethod
+    def _names(cls) -> frozenset[str]:
+        names = _FIELD_NAMES.get(cls)
+        if names is None:
+            names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+        return names
+
+    def __getitem__(self, key: str) -> Any:
+        name = self._field(key)
+        if name is None:
+            return self.extra[key]
+        v = getattr(self, name)
+        if v is None and name not in self.KEEP_NONE:
+            raise KeyError(key)
+        return v
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        name = self._field(key)
+        if name is None:
+            self.extra[key] = value
+        else:
+            setattr(self, name, value)
+
+    def __delitem__(self, key: str) -> None:
+        name = self._field(key)
+        if name is None:
+            del self.extra[key]
+        elif getattr(self, name) is None and name not in self.KEEP_NONE:
+            raise KeyError(key)
+        else:
+            setattr(self, name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        for key in self.keys_declared():
+            name = self.ALIASES.get(key, key)
+            if getattr(self, name) is not None or name in self.KEEP_NONE:
+                yield key
+        yield from self.extra
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self.items())!r})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.items())
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class OriginDetails(Details):
+    """Where a non-finite value was born (kinds ``nonfinite`` and ``unresolved``)."""
+
+    input: str | None = None  # a non-finite input or constant: its name
+    origin_op: str | None = None  # the backend operation that produced it
+    node: str | None = None  # torch: the autograd Node that produced it
+    custom_vjp_call: str | None = None  # jax: the call site of the custom_vjp rule it was born in
+    met_text: str | None = None  # the indeterminate form at the place the inf met a zero
+    met_value: str | None = None  # what met the zero ("inf", "nan")
+    why_unresolved: str | None = None  # nansafe: why the value was left non-finite
+    device: int | None = None  # jax: the device it was born on
+    mesh_coordinate: dict[str, int] | None = None  # that device's coordinate in its mesh
+    global_index: tuple[int, ...] | None = None  # the element's index in the global value
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class RepairDetails(Details):
+    """A value nansafe repaired (kind ``resolved``) or left non-finite (``unresolved``)."""
+
+    rule: str | None = None  # the rule that decided it ("structural zero: ...")
+    repaired: int | None = None  # elements set to a finite value
+    count: int | None = None  # elements left non-finite
+    proven: bool | None = None  # whether the repaired value is the true gradient
+    why_unresolved: str | None = None
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class KinkDetails(Details):
+    """A kink, tie or jump the gradient went through (kinds ``kink`` and ``convention``), or a
+    branch subgradient could not lock (``unresolved``)."""
+
+    op: str | None = None  # the canonical op
+    convention: str | None = None  # the backend's documented convention there
+    subdifferential: str | None = None
+    value: str | None = None  # the value the backend's rule returned at the first hit
+    admissible: bool | None = None  # whether it lies in the subdifferential
+    blocked: bool | None = None  # a jump: the gradient through it is blocked (0)
+    branches_agree: bool | None = None  # where: the branches agree in value on the boundary
+    value_error: str | None = None  # the convention could not be evaluated
+    rule: str | None = None  # the rule that gave the value (a custom_jvp rule)
+    comparison: str | None = None  # where: the comparison that holds with equality
+    trivial_count: int | None = None  # ties whose candidates are the same function
+    tie: str | None = None  # "trivial" | "non-trivial"
+    tie_note: str | None = None
+    missing_catalog_entry: str | None = None
+    branch: str | None = None  # subgradient: which piece was locked
+    unbroken: int | None = None  # subgradient: ties first-order information cannot break
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class CertificateDetails(Details):
+    """certify's verdict (kind ``certified``; ``resolved`` when nansafe used it as a repair)."""
+
+    label: str | None = None  # "gradient", "clarke-subgradient", "singular", "undecided"
+    verdicts: list[dict[str, Any]] | None = None  # per direction, numbers included
+    certificate: str | None = None
+    differentiable: bool | None = None
+    fx0: Any = None  # f(x0)
+    terms: int | None = None
+    unverified: list[str] | None = None
+    rule: str | None = None  # set when nansafe takes the certified gradient as its repair
+
+    ALIASES: ClassVar[Mapping[str, str]] = {"f(x0)": "fx0"}
+    KEEP_NONE: ClassVar[frozenset[str]] = frozenset({"differentiable"})
+
+
+DETAILS_FOR_KIND: dict[str, type[Details]] = {
+    "nonfinite": OriginDetails,
+    "unresolved": OriginDetails,
+    "resolved": RepairDetails,
+    "kink": KinkDetails,
+    "convention": KinkDetails,
+    "certified": CertificateDetails,
+}
+_ALL_DETAILS: tuple[type[Details], ...] = (
+    OriginDetails,
+    RepairDetails,
+    KinkDetails,
+    CertificateDetails,
+)
+
+
+def details_from(kind: str, mapping: Mapping[str, Any] | None) -> Details:
+    """Typed details from an untyped mapping (the former ``detail`` dict): the class of
+    ``kind`` when it declares every key, else the first class that does, else the class of
+    ``kind`` with the undeclared keys in ``extra``."""
+    if isinstance(mapping, Details) and type(mapping) is not Details:
+        return mapping
+    items = dict(mapping or {})
+    first = DETAILS_FOR_KIND.get(kind, OriginDetails)
+    cls = first
+    if not set(items) <= set(first.keys_declared()):
+        cls = next((c for c in _ALL_DETAILS if set(items) <= set(c.keys_declared())), first)
+    d = cls()
+    for k, v in items.items():
+        d[k] = v
+    return d
+
+
+# ---- the finding --------------------------------------------------------------------------------
+
+
 @dataclasses.dataclass
 class Finding:
     """One thing gradsan found: where a non-finite value was born, a repair, or a kink.
 
     ``where`` is always a frame of the user's code; ``library`` names the library function
-    (``jnp.linalg.norm``) when the operation ran inside one.
+    (``jnp.linalg.norm``) when the operation ran inside one. ``detail`` holds the typed facts
+    of this kind of finding (a plain mapping given here is converted).
     """
 
     kind: Kind
@@ -82,10 +287,37 @@ class Finding:
     title: str = ""
     explanation: str = ""
     suggestions: list[str] = dataclasses.field(default_factory=list)
-    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # always a Details once built; a plain dict is accepted (and converted) from callers that
+    # still write the former untyped ``detail``
+    detail: Details | dict[str, Any] = dataclasses.field(default_factory=Details)
+    got_value: float | None = None  # the operand value behind ``detail["got"]``, as a number
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.detail, Details) or type(self.detail) is Details:
+            self.detail = details_from(self.kind, self.detail)
+
+    @property
+    def details(self) -> Details:
+        """``detail`` with its type: the typed details of this kind of finding."""
+        d = self.detail
+        if not isinstance(d, Details):  # a dict assigned after construction
+            d = self.detail = details_from(self.kind, d)
+        return d
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "detail":
+                d["detail"] = dict(v)
+            elif f.name == "outputs":
+                d["outputs"] = [dataclasses.asdict(o) for o in v]
+            elif isinstance(v, Frame):
+                d[f.name] = v.to_dict()
+            elif isinstance(v, list):
+                d[f.name] = list(v)
+            else:
+                d[f.name] = v
         d["index"] = list(self.index) if self.index is not None else None
         return d
 

@@ -11,23 +11,34 @@ def _result_word(r: str) -> str:
     return {"nan": "NaN", "inf": "Inf", "-inf": "-Inf"}.get(r, r)
 
 
+def caret_span(frame: Frame) -> tuple[str, tuple[int, int] | None]:
+    """The frame's code line without its indentation, and the (start, width) of the caret under
+    the expression in it, or None when the column range is unknown or does not fit the line.
+    Shared by the text and HTML renderers."""
+    code = frame.code.rstrip()
+    stripped = code.lstrip()
+    lead = len(code) - len(stripped)
+    if frame.column is not None and frame.end_column and frame.end_column > frame.column:
+        start = frame.column - lead
+        width = frame.end_column - frame.column
+        if 0 <= start and start + width <= len(stripped):
+            return stripped, (start, width)
+    return stripped, None
+
+
 def _source(frame: Frame | None, indent: str) -> list[str]:
     """`file:line (function)   code` plus a caret line under the column range when known."""
     if frame is None:
         return []
     loc = str(frame)
-    code = frame.code.rstrip()
-    if not code:
+    stripped, span = caret_span(frame)
+    if not stripped:
         return [loc]
-    stripped = code.lstrip()
-    lead = len(code) - len(stripped)
     head = f"{loc}   "
     lines = [head + stripped]
-    if frame.column is not None and frame.end_column and frame.end_column > frame.column:
-        start = frame.column - lead
-        width = frame.end_column - frame.column
-        if 0 <= start and start + width <= len(stripped) and width < len(stripped):
-            lines.append(indent + " " * (len(head) + start) + "^" * width)
+    if span is not None and span[1] < len(stripped):  # a caret under the whole line says nothing
+        start, width = span
+        lines.append(indent + " " * (len(head) + start) + "^" * width)
     return lines
 
 

@@ -29,7 +29,9 @@ def _make() -> type:
 
     from .torch_hook import GradGuard
 
-    class GradsanCallback(pl.Callback):
+    Callback: Any = pl.Callback  # a module found at run time: its classes are not known here
+
+    class GradsanCallback(Callback):
         def __init__(self, mode: str = "raise") -> None:
             self.mode = mode
             self.guard: GradGuard | None = None

@@ -25,6 +25,7 @@ import optax
 
 from .._errors import NonFiniteError
 from .._report import Finding, OutputHit, Report
+from ..jax._flags import finite_flag, nonfinite_leaves
 
 
 class GuardFiniteState(NamedTuple):
@@ -35,22 +36,17 @@ class GuardFiniteState(NamedTuple):
 
 
 def _summary(grads: Any) -> Report:
-    hits = []
-    for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
-        g = jnp.asarray(g)
-        if jnp.issubdtype(g.dtype, jnp.inexact):
-            bad = ~jnp.isfinite(g)
-            if bool(bad.any()):
-                hits.append(
-                    OutputHit(
-                        jax.tree_util.keystr(path) or "grads",
-                        int(bad.sum()),
-                        int(g.size),
-                        int(jnp.isnan(g).sum()),
-                        int(jnp.isinf(g).sum()),
-                        "grad",
-                    )
-                )
+    hits = [
+        OutputHit(
+            path or "grads",
+            int((~jnp.isfinite(g)).sum()),
+            int(g.size),
+            int(jnp.isnan(g).sum()),
+            int(jnp.isinf(g).sum()),
+            "grad",
+        )
+        for path, g in nonfinite_leaves(jax.tree_util.tree_map(jnp.asarray, grads))
+    ]
     report = Report(function="optax update", backend="jax")
     report.findings.append(
         Finding(
@@ -118,11 +114,7 @@ def guard_finite(
         return GuardFiniteState(inner.init(params), z, z, z)
 
     def update(updates: Any, state: GuardFiniteState, params: Any = None, **extra: Any):
-        leaves = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(updates)]
-        flags = [
-            jnp.isfinite(jnp.sum(x * 0)) for x in leaves if jnp.issubdtype(x.dtype, jnp.inexact)
-        ]
-        ok = jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
+        ok = finite_flag([jnp.asarray(x) for x in jax.tree_util.tree_leaves(updates)])
         eager = not isinstance(ok, jax.core.Tracer)
         if eager and not bool(ok):
             host(state.step, updates, params, extra)

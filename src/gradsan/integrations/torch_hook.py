@@ -27,7 +27,7 @@ import torch
 from .._errors import NonFiniteError
 from .._report import Report
 from ..torch._explain import Namer, output_hit
-from ..torch._guard import _failure_report, _finite
+from ..torch._guard import failure_report, finite
 from ..torch._mode import all_finite
 
 
@@ -77,7 +77,7 @@ class GradGuard:
         self._checked = True
         params = self._params()
         grads = [p.grad for p in params if p.grad is not None and p.grad.is_floating_point()]
-        if _finite(grads):
+        if finite(grads):
             return True
         report = self._explain(replay) if replay is not None else None
         if report is None or report.ok:
@@ -88,7 +88,7 @@ class GradGuard:
                 for p in params
                 if p.grad is not None and not all_finite(p.grad)
             ]
-            report = _failure_report(
+            report = failure_report(
                 "the training step",
                 hits,
                 ["pass check(replay=lambda: loss_fn(model(batch))) to see where it was born"],

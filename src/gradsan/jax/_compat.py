@@ -7,8 +7,9 @@ higher-order primitives, name stacks, or the closures of ``jax.grad``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -25,9 +26,11 @@ __all__ = [
     "bind",
     "call_body",
     "closed",
+    "collective_primitive",
     "grad_info",
     "is_backward",
     "is_jitted",
+    "mesh_context",
     "jit_statics",
     "sub_backward",
 ]
@@ -42,6 +45,15 @@ try:
     from jax._src.shard_map import shard_map_p  # private: the primitive is not exported
 except ImportError:  # pragma: no cover - another JAX layout
     shard_map_p = None
+
+
+def collective_primitive(name: str) -> Any:
+    """The Primitive of a collective (``psum``, ``all_gather``, ``pvary`` ...), or None."""
+    from jax._src import core as _core  # private: collectives are not exported
+    from jax._src.lax import parallel as _parallel
+
+    return getattr(_parallel, f"{name}_p", None) or getattr(_core, f"{name}_p", None)
+
 
 # Higher-order primitives whose body runs per device (per-block shapes, named axes): they are
 # never entered as a plain call. Their own rules (if any) live with each transformation.
@@ -120,6 +132,28 @@ def is_backward(eqn: Any, outer: bool) -> bool:
     if "rematted_computation" in ns:
         return False
     return outer or "transpose" in ns
+
+
+# -- meshes -------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def mesh_context(values: Sequence) -> Iterator[None]:
+    """The mesh of arrays sharded over explicit mesh axes, set while gradsan evaluates their
+    program equation by equation (JAX binds such equations only inside ``jax.set_mesh``)."""
+    mesh = None
+    for v in values:
+        m = getattr(getattr(v, "sharding", None), "mesh", None)
+        types = getattr(m, "axis_types", ()) or ()
+        if any(str(t).endswith("Explicit") for t in types):
+            mesh = m
+            break
+    set_mesh = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+    if mesh is None or set_mesh is None:
+        yield
+        return
+    with set_mesh(mesh):
+        yield
 
 
 # -- jax.jit -------------------------------------------------------------------------------------

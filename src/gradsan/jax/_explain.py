@@ -12,9 +12,12 @@ import jax
 import numpy as np
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value
+from .._blame import Blame
+from .._catalog._classify import classify
+from .._events import Because, Note, Origin, Poison
 from .._report import Finding, Frame, OutputHit, Report
-from .._report._build import catalog_finding
+from .._report._build import build
+from .._report._format import format_value
 from . import _compat, _numpy, _rules
 from ._call import (
     arg_labels,
@@ -26,6 +29,7 @@ from ._call import (
 )
 from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
 from .interpreter import UNROLL, Interpreter, Scope, to_numpy
+from .interpreter._devices import enter_shard_map, holder
 
 exclude_gradsan()
 
@@ -88,6 +92,7 @@ class HitSummary:
     size: int
     index: tuple
     got: str
+    shape: tuple = ()
 
 
 def _status(x: Any) -> int:
@@ -121,7 +126,11 @@ def group_key(scope: Scope, pl: Place) -> tuple:
 def _shard_map_rule(
     interp: Provenance, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
 ) -> tuple[list, list]:
-    """shard_map and friends: run as one operation, attributed to the body's first user line."""
+    """shard_map (and pmap): the body per device where it can be entered; else one operation,
+    attributed to the body's first user line."""
+    entered = enter_shard_map(interp, eqn, invals, insides, scope, key)
+    if entered is not None:
+        return entered
     outvals, outsides = interp.first_order(eqn, invals, insides, scope, key)
     node = outsides[0][0] if outsides else None
     body = eqn.params.get("jaxpr")
@@ -158,10 +167,13 @@ class Provenance(Interpreter):
         self.hits_by_key: dict[tuple, list[Node]] = {}
         # group key -> seq of its first equation: the primal op comes before its derivative's
         self.group_first: dict[tuple, int] = {}
-        self._last_key: tuple | None = None
-        self._run = 0
+        self.arguments: list = []  # the flat arguments (their shardings name devices)
+        # per scope: the group key of its last equation, and the run it belongs to (scopes of
+        # the devices of a shard_map interleave, so runs are tracked per scope)
+        self._last: dict[int, tuple[tuple, int]] = {}
 
     def explain_closed(self, closed: Any, args: list, arg_labels: list[str]) -> tuple[list, list]:
+        self.arguments = list(args)
         top = Scope()
         in_srcs: list[Src | None] = []
         for a, label in zip(args, arg_labels):
@@ -188,7 +200,7 @@ class Provenance(Interpreter):
         return self.const_side(value, f"the literal {value}")
 
     def run(self, jaxpr, consts, const_sides, args, arg_sides, scope):  # type: ignore[override]
-        self._last_key = None
+        self._last.pop(scope.id, None)
         return super().run(jaxpr, consts, const_sides, args, arg_sides, scope)
 
     def stack_side(self, sides: list, scope: Scope) -> Src | None:
@@ -202,6 +214,14 @@ class Provenance(Interpreter):
         outvals = _numpy.evaluate(eqn, invals) if self.fast else None
         if outvals is None:
             outvals = _compat.bind(eqn, invals)
+        return self._record(eqn, invals, outvals, insides, scope)
+
+    def collective_side(self, eqn, ins_by_device, outvals, all_insides, scope, key):
+        # one device's result of a psum/all_gather/...: its inputs are every device's operands
+        invals = [v for vals, _ in ins_by_device for v in vals]
+        return self._record(eqn, invals, outvals, all_insides, scope)[1]
+
+    def _record(self, eqn, invals, outvals, insides, scope):
         status = tuple(_status(o) for o in outvals)
         pl = place(eqn.source_info)
         node = Node(
@@ -217,10 +237,10 @@ class Provenance(Interpreter):
         gk = group_key(scope, pl)
         self.group_first.setdefault(gk, node.seq)
         # a run: consecutive equations at one source position (a primal op, then its jvp rule)
-        if gk != self._last_key:
-            self._run = next(self._seq)
-            self._last_key = gk
-        node.run = self._run
+        last = self._last.get(scope.id)
+        if last is None or last[0] != gk:
+            last = self._last[scope.id] = (gk, next(self._seq))
+        node.run = last[1]
         if any(status):
             in_bad = [s is not None and s[0].status[s[1]] != FINITE for s in insides]
             in_nan = [s is not None and s[0].status[s[1]] == NAN for s in insides]
@@ -239,7 +259,12 @@ class Provenance(Interpreter):
                 )
                 if hit is not None:
                     node.hit = HitSummary(
-                        hit.entry_id, hit.count, int(hit.mask.size), hit.first_index, hit.got
+                        hit.entry_id,
+                        hit.count,
+                        int(hit.mask.size),
+                        hit.first_index,
+                        hit.got,
+                        tuple(np.shape(hit.mask)),
                     )
                     self.hits_by_key.setdefault(gk, []).append(node)
         return outvals, [(node, i) for i in range(len(outvals))]
@@ -252,67 +277,53 @@ def _stat(src) -> int:
     return FINITE if src is None else src[0].status[src[1]]
 
 
-class Blame:
-    """Follows non-finite values back along the dataflow to where they were born.
-
-    For each value it finds the origins: an origin has only finite inputs (or is an input or a
-    constant). With each origin comes its poison: the node where NaN appeared from inf but not
-    NaN inputs, which is where the inf met a zero. Results are memoized per node, so blaming
-    every output of a large model walks the non-finite subgraph once. An intentional inf (a
-    -inf mask constant) is not an origin: the NaN was born where two such infinities met.
-    """
-
-    def __init__(self) -> None:
-        self.memo: dict[tuple[int, int], dict[int, tuple[Node, Node | None]]] = {}
+class _Dataflow:
+    """Provenance Srcs as the graph :class:`gradsan._blame.Blame` walks: handles are
+    ``(Node, output index)`` pairs, records are Nodes. An intentional inf is a constant (a -inf
+    mask): a NaN made from it was born where it met the other infinity."""
 
     @staticmethod
-    def _children(node: Node, k: int) -> list:
+    def key(v: Src) -> tuple[int, int]:
+        return (id(v[0]), v[1])
+
+    @staticmethod
+    def children(v: Src) -> list:
+        node, k = v
         if node.kind in ("input", "const"):
             return []
         bad = [s for s in node.ins if _stat(s) != FINITE]
         if node.kind == "stack":
             return bad[:1]
         if node.status[k] == NAN:
-            nan_in = [s for s in bad if _stat(s) == NAN]
-            return nan_in or bad
+            return [s for s in bad if _stat(s) == NAN] or bad
         return bad
 
-    def _combine(self, node: Node, k: int, children: list) -> dict:
-        if not children:
-            return {id(node): (node, None)}
+    @staticmethod
+    def is_poison(v: Src) -> bool:
+        node, k = v
         bad = [s for s in node.ins if _stat(s) != FINITE]
-        is_poison = (
-            node.kind == "eqn" and node.status[k] == NAN and not any(_stat(s) == NAN for s in bad)
+        return (
+            node.kind == "eqn"
+            and node.status[k] == NAN
+            and bool(bad)
+            and not any(_stat(s) == NAN for s in bad)
         )
-        out: dict[int, tuple[Node, Node | None]] = {}
-        for c in children:
-            for key, (origin, poison) in self.memo[(id(c[0]), c[1])].items():
-                if is_poison and origin.kind == "const":
-                    out.setdefault(id(node), (node, None))
-                    continue
-                if poison is None and is_poison:
-                    poison = node
-                out.setdefault(key, (origin, poison))
-        return out
 
-    def origins(self, src) -> list[tuple[Node, Node | None]]:
-        stack = [(src, False)]
-        while stack:
-            (node, k), expanded = stack.pop()
-            key = (id(node), k)
-            if key in self.memo:
-                continue
-            children = self._children(node, k)
-            if expanded:
-                self.memo[key] = self._combine(node, k, children)
-                continue
-            stack.append(((node, k), True))
-            for c in children:
-                if (id(c[0]), c[1]) not in self.memo:
-                    stack.append((c, False))
-        found = list(self.memo[(id(src[0]), src[1])].values())
-        real = [f for f in found if f[0].kind != "const"]
-        return real or found
+    @staticmethod
+    def is_intentional(r: Node) -> bool:
+        return r.kind == "const"
+
+    @staticmethod
+    def record(v: Src) -> Node:
+        return v[0]
+
+
+def _origins(blame: Blame, src: Src) -> list[tuple[Node, Node | None]]:
+    """The origins of ``src`` and their poisons; a non-finite constant is named only when
+    nothing else made the value non-finite."""
+    found = blame.origins(src)
+    real = [f for f in found if f[0].kind != "const"]
+    return real or found
 
 
 def _forward_node(interp: Provenance, origin: Node) -> Node | None:
@@ -371,79 +382,107 @@ def _at(arr: np.ndarray, idx: tuple, shape: tuple) -> Any:
     return a[idx] if len(idx) == a.ndim else a.flat[0]
 
 
-def _poison_details(poison: Node) -> dict[str, Any]:
-    """Which indeterminate form, and which operand supplied the zero."""
-    prim = poison.prim
-    ops = poison.operands or []
-    idx = poison.first_bad or ()
-    out_shape = np.shape(poison.outs[0]) if poison.outs else ()
-    vals = []
+def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
+    """The indeterminate form at ``node`` (where an inf met a zero), as an event: its operand
+    values at the first NaN, and which operand held the zero and where that zero was made."""
+    prim = node.prim
+    ops = node.operands or []
+    idx = node.first_bad or ()
+    out_shape = np.shape(node.outs[0]) if node.outs else ()
+    vals: list = []
     for o in ops:
         try:
             vals.append(_at(o, idx, out_shape))
         except (ValueError, IndexError):
             vals.append(None)
-    res: dict[str, Any] = {"form": None, "zero_operand": None, "text": ""}
-    if prim == "mul" and len(vals) == 2 and all(v is not None for v in vals):
+    pair = len(vals) == 2 and all(v is not None for v in vals)
+    form = zero = None
+    op_class = ""
+    if prim == "mul" and pair:
+        op_class = "mul"
         a, b = (float(np.real(v)) for v in vals)
         if a == 0 and np.isinf(b):
-            res.update(
-                form="0*inf",
-                zero_operand=0,
-                text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan",
-            )
+            form, zero = "0*inf", 0
         elif b == 0 and np.isinf(a):
-            res.update(
-                form="0*inf",
-                zero_operand=1,
-                text=f"{format_value(vals[0])} * {format_value(vals[1])} = nan",
-            )
-    elif prim == "div" and len(vals) == 2 and all(v is not None for v in vals):
+            form, zero = "0*inf", 1
+    elif prim == "div" and pair:
+        op_class = "div"
         a, b = (float(np.real(v)) for v in vals)
         if a == 0 and b == 0:
-            res.update(form="0/0", zero_operand=0, text="0.0 / 0.0 = nan")
+            form, zero = "0/0", 0
         elif np.isinf(a) and np.isinf(b):
-            res.update(
-                form="inf/inf", text=f"{format_value(vals[0])} / {format_value(vals[1])} = nan"
-            )
+            form = "inf/inf"
     elif prim in _rules.SUM_PRIMS:
-        res.update(form="inf-inf", text="inf + (-inf) = nan")
+        op_class, form = "sum", "inf-inf"
     elif prim in _rules.PRODUCT_PRIMS:
-        has_zero = any(np.any(np.asarray(o) == 0) for o in ops)
-        res.update(
-            form="0*inf" if has_zero else "inf-inf",
-            text=f"0 * inf or inf - inf inside {prim} = nan",
-        )
-    else:
-        res.update(text=f"{prim} of an infinite input = nan")
-    return res
+        op_class = "product"
+        form = "0*inf" if any(np.any(np.asarray(o) == 0) for o in ops) else "inf-inf"
+    zero_from, constant = None, False
+    if zero is not None and zero_from_frames:
+        zsrc = node.ins[zero]
+        if zsrc is not None:
+            zero_from = zsrc[0].user_frame
+        else:  # the zero has no history: a constant of the program
+            zero_from, constant = node.user_frame, True
+    return Poison(
+        op=prim,
+        where=node.user_frame,
+        form=form,
+        backward=node.backward,
+        op_class=op_class,
+        operands=tuple(vals) if pair else None,
+        zero_operand=zero,
+        zero_from=zero_from,
+        zero_constant=constant,
+        index=tuple(idx) if idx else None,
+    )
 
 
-def _origin_finding(
+def _device_facts(
+    interp: Provenance, origin: Node, fwd: Node | None, index: tuple | None
+) -> tuple[int | None, dict | None, tuple | None, str]:
+    """(device, mesh coordinate, global index, words for the context) of an origin inside a
+    shard_map body, or of an element of a jit argument sharded over a mesh."""
+    shard = origin.scope.shard if origin.scope is not None else None
+    if shard is not None:
+        g = None
+        if fwd is not None and fwd.hit is not None and index:
+            g = shard.global_index(fwd.hit.shape, index)
+        elif origin.first_bad and origin.outs:
+            g = shard.global_index(np.shape(origin.outs[0]), origin.first_bad)
+        words = f"element {list(g)} of the global array" if g is not None else ""
+        return shard.device, dict(zip(shard.layout.names, shard.coord)), g, words
+    if fwd is not None and fwd.hit is not None and index:
+        holding = holder(interp.arguments, fwd.hit.shape, index)
+        if holding is not None:
+            at = ", ".join(f"{k}={v}" for k, v in holding[1].items())
+            return holding[0], holding[1], None, f"held by device {holding[0]} ({at})"
+    return None, None, None, ""
+
+
+def _origin_event(
     interp: Provenance, origin: Node, poison: Node | None, hits: list[OutputHit]
-) -> Finding:
+) -> Origin:
+    """What explain knows about one origin, as a text-free event."""
     if origin.kind in ("input", "const"):
         a = origin.outs[0] if origin.outs else np.array(np.nan)
         bad = ~np.isfinite(a)
         held = format_value(a[origin.first_bad] if origin.first_bad else a.flat[0])
-        label = f"`{origin.label}`" if origin.kind == "input" else origin.label
-        f = catalog_finding(
+        return Origin(
             backend="jax",
-            entry_id="nonfinite-input",
-            phase="value",
-            primitive="input" if origin.kind == "input" else "constant",
+            op="input" if origin.kind == "input" else "constant",
             where=None,
+            phase="value",
             result=held,
+            entry_id="nonfinite-input",
             count=int(bad.sum()),
             size=int(a.size),
             index=origin.first_bad,
-            outputs=hits,
-            detail={"input": origin.label},
+            outputs=tuple(hits),
+            input=origin.label,
+            held=held,
+            constant=origin.kind == "const",
         )
-        f.values = f"{label} holds {held} in {int(bad.sum())} of {a.size} elements" + (
-            f", first at {list(origin.first_bad)}" if origin.first_bad else ""
-        )
-        return f
     fwd = _forward_node(interp, origin)
     result = _result_word(origin)
     lib: str | None = origin.library or (fwd.library if fwd is not None else None)
@@ -497,6 +536,7 @@ def _origin_finding(
     )
     value_phase = not origin.backward and (fwd is origin or (fwd is None and first == origin.seq))
     where = (fwd or origin).user_frame
+    call_site = None
     if (
         fwd is None
         and origin.backward
@@ -507,113 +547,83 @@ def _origin_finding(
         # born in a custom_vjp backward rule, whose equations carry the call site (P3)
         rule = custom_vjp_rule_frame(where, origin.prim)
         if rule is not None:
-            detail_call_site = where
-            where = rule
-            lib = None
-        else:
-            detail_call_site = None
-    else:
-        detail_call_site = None
-    detail: dict[str, Any] = {"origin_op": origin.prim}
-    if detail_call_site is not None:
-        detail["custom_vjp_call"] = str(detail_call_site)
-        detail["note"] = f"in the custom_vjp backward rule called at {detail_call_site}"
-    if "note" in detail:
-        pass
+            call_site, where, lib = where, rule, None
+    if call_site is not None:
+        note, note_value = Note.CUSTOM_VJP_RULE, ""
     elif fwd is not None and fwd is not origin:
-        detail["note"] = (
-            f"its derivative is {result} there"
-            if result != "nan"
-            else "its derivative rule gave nan there"
+        note, note_value = (
+            (Note.DERIVATIVE_IS, result) if result != "nan" else (Note.DERIVATIVE_RULE_NAN, "")
         )
     else:
-        detail["note"] = f"it returned {result}"
-    zero_from = met_where = None
-    form = met_op = None
-    if poison is not None:
-        pd = _poison_details(poison)
-        form, met_op = pd["form"], poison.prim
-        met_where = poison.user_frame
-        phase = "backward " if poison.backward else ""
-        detail["met_text"] = f"{pd['text']} in the {phase}`{poison.prim}`" if pd["text"] else ""
-        detail["met_value"] = result
-        if pd["zero_operand"] is not None:
-            zsrc = poison.ins[pd["zero_operand"]]
-            if zsrc is not None:
-                zero_from = zsrc[0].user_frame
-                detail["met_text"] = "the zero came from here: " + detail["met_text"]
-            else:
-                detail["met_text"] += " (the zero is a constant)"
-                zero_from = poison.user_frame
-        if form == "inf-inf":
-            zero_from = None
+        note, note_value = Note.RETURNED, result
     ctx = origin.scope.context if origin.scope else ""
     if poison is not None and poison.scope is not None and poison.scope.context and not ctx:
         ctx = poison.scope.context
-    shown = "nan" if any(h.nan for h in hits) else result
-    f = catalog_finding(
-        backend="jax",
-        entry_id=entry_id,
-        phase="value" if value_phase else "gradient",
-        primitive=primitive,
-        where=where,
-        result=shown,
-        backend_op=f"{origin.prim}" + (" (backward)" if origin.backward else ""),
-        got=got,
-        count=count or 0,
-        size=size or 0,
-        index=index,
-        library=lib,
-        zero_from=zero_from,
-        form=form,
-        met_op=met_op,
-        met_where=met_where,
-        context=ctx,
-        scope=origin.scope.path if origin.scope else "",
-        outputs=hits,
-        detail=detail,
-    )
-    if origin.prim == "shard_map":
-        f.where = origin.body_frame or f.where
-        f.primitive = origin.body_prim or "shard_map"
-        f.library = "shard_map"
-        f.explanation = (
-            f"The non-finite value was born inside a shard_map, which gradsan runs as one "
-            f"operation (its per-shard body is not interpreted yet). The line shown is the "
-            f"body's first `{f.primitive}`; run gradsan.jax.explain on the body function with "
-            "one shard's inputs to locate it exactly."
-        )
-        return f
-    if (
+    device, coord, global_index, words = _device_facts(interp, origin, fwd, index)
+    if words:
+        ctx = f"{ctx}, {words}" if ctx else words
+    because = None
+    body_op = ""
+    own_poison = None
+    if origin.prim == "shard_map":  # a body gradsan could not enter
+        because, body_op = Because.SHARD_MAP, origin.body_prim
+        where = origin.body_frame or where
+    elif (
         entry_id is None
         and poison is None
         and origin.status
         and max(origin.status) == NAN
         and any(_stat(s) != FINITE for s in origin.ins)
     ):
-        pd = _poison_details(origin)
-        f.form = pd["form"]
-        f.explanation = (
-            f"`{origin.prim}` computed {pd['text'] or 'a NaN'} from infinite inputs that came from "
-            "constants (such as a -inf mask). Make sure no row or reduction sees only masked "
-            "values, or mask the result instead of the input."
-        )
+        because, own_poison = Because.CONSTANT_INFS, _poison(origin, zero_from_frames=False)
     elif entry_id is None:
-        f.explanation = (
-            f"`{origin.prim}` produced {result} from finite inputs. It is not in gradsan's "
-            "catalog of singular operations; look at its operand values at the index shown."
-        )
-    return f
+        because = Because.NOT_IN_CATALOG
+    return Origin(
+        backend="jax",
+        op=primitive,
+        where=where,
+        phase="value" if value_phase else "gradient",
+        result="nan" if any(h.nan for h in hits) else result,
+        produced=result,
+        entry_id=entry_id,
+        backend_op=origin.prim,
+        backward=origin.backward,
+        got=got,
+        count=count or 0,
+        size=size or 0,
+        index=index,
+        library=lib,
+        context=ctx,
+        scope=origin.scope.path if origin.scope else "",
+        outputs=tuple(hits),
+        origin_op=origin.prim,
+        note=note,
+        note_value=note_value,
+        custom_vjp_call=call_site,
+        poison=_poison(poison) if poison is not None else own_poison,
+        because=because,
+        body_op=body_op,
+        device=device,
+        mesh_coordinate=coord,
+        global_index=global_index,
+    )
+
+
+def _origin_finding(
+    interp: Provenance, origin: Node, poison: Node | None, hits: list[OutputHit]
+) -> Finding:
+    return build(_origin_event(interp, origin, poison, hits))
 
 
 def _overflow_hit(origin: Node):
     try:
-        from .._catalog._classify import classify_overflow
+        from .._catalog._overflow import classify_overflow
     except ImportError:
         return None
     if not origin.outs or origin.operands is None:
         return None
-    return classify_overflow(origin.prim, origin.operands, origin.outs[0])
+    op = "add" if origin.prim == "add_any" else origin.prim  # canonical op for the float32 check
+    return classify_overflow(op, origin.operands, origin.outs[0])
 
 
 # -- the transformation -------------------------------------------------------------------------
@@ -641,13 +651,14 @@ def diagnose(
 
     traced = trace_call(call, who)
     interp = Provenance()
-    outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
+    with _compat.mesh_context(flat_args):
+        outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
     every_label = output_labels(fun, traced.out_shape, args, labels)
     out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
     if outputs is None and run_outputs:
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
-    blame = Blame()
+    blame: Blame = Blame(_Dataflow())
     groups: dict[int, tuple[Node, Node | None, list[OutputHit]]] = {}
     order: list[int] = []
     for val, src, (label, kind) in zip(outs, out_srcs, out_labels):
@@ -659,7 +670,7 @@ def diagnose(
         nan = int(np.isnan(a).sum())
         inf = int(np.isinf(a).sum())
         hit = OutputHit(label, nan + inf, int(a.size), nan, inf, kind)
-        for origin, poison in blame.origins(src):
+        for origin, poison in _origins(blame, src):
             # the same equation in many loop iterations is one finding, at its first iteration
             key = id(origin.eqn) if origin.eqn is not None else id(origin)
             if key not in groups:

@@ -15,32 +15,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._errors import NonFiniteError
 from .._report import OutputHit, Report
 from ._call import check_callable
 from ._explain import diagnose
-
-
-def _flag(out: Any) -> jax.Array:
-    """True when every float leaf of ``out`` is finite.
-
-    x * 0 is exactly 0 for finite x and NaN for inf or NaN, so a sum of such terms decides it
-    with no overflow false alarm. One reduction per leaf lets XLA fuse each into the
-    computation that produces the leaf, so no extra pass over memory is made.
-    """
-    total = None
-    for x in jax.tree_util.tree_leaves(out):
-        if not (hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)):
-            continue
-        for part in (jnp.real(x), jnp.imag(x)) if jnp.iscomplexobj(x) else (x,):
-            term = jnp.sum(part * 0, dtype=jnp.float32)
-            total = term if total is None else total + term
-    return jnp.array(True) if total is None else jnp.isfinite(total)
-
-
-_separate_flag = jax.jit(_flag)
+from ._flags import finite_flag, host_flag, nonfinite_leaves, separate_flag
 
 
 def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
@@ -50,10 +30,12 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
     inner = getattr(fun, "__wrapped__", None)
     if info is None or inner is None or getattr(info, "user_specified_in_shardings", False):
         return None
+    if not hasattr(fun, "lower"):  # jax.grad(jax.jit(f)) copies _jit_info and __wrapped__ = f
+        return None
 
     def with_flag(*args: Any, **kwargs: Any):
         out = inner(*args, **kwargs)
-        return out, _flag(out)
+        return out, finite_flag(out)
 
     opts: dict[str, Any] = {
         "static_argnums": info.static_argnums,
@@ -71,33 +53,16 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
 
 def _summary_report(fun: Callable, out: Any) -> Report:
     report = Report(outputs=out, function=getattr(fun, "__name__", "function"), backend="jax")
-    bad = []
-    for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
-        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact):
-            n = int((~jnp.isfinite(x)).sum())
-            if n:
-                bad.append(str(OutputHit(jax.tree_util.keystr(path) or "output", n, int(x.size))))
+    bad = [
+        str(OutputHit(path or "output", int((~jnp.isfinite(x)).sum()), int(x.size)))
+        for path, x in nonfinite_leaves(out)
+    ]
     report.notes.append(
         "non-finite outputs: " + ", ".join(bad) + ". The inputs were donated to the step, so "
         "they could not be replayed: use gradsan.jax.guard(step) without keep_inputs=False, or "
         "run gradsan.jax.explain(step) on a copy of the inputs."
     )
     return report
-
-
-def _host_flag(out: Any) -> bool:
-    """The same check without compiling anything: numpy on host-resident (CPU) outputs, one
-    small jitted reduction otherwise. Used until the fused program is compiled."""
-    leaves = [
-        x
-        for x in jax.tree_util.tree_leaves(out)
-        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
-    ]
-    if all(
-        isinstance(x, jax.Array) and all(d.platform == "cpu" for d in x.devices()) for x in leaves
-    ):
-        return all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves)
-    return bool(_separate_flag(out))
 
 
 def _abstract(tree: Any) -> Any:
@@ -109,6 +74,90 @@ def _abstract(tree: Any) -> Any:
         return x
 
     return jax.tree_util.tree_map(spec, tree)
+
+
+class Checker:
+    """``fun``'s calls with one finiteness flag of their outputs, and the report of a call that
+    failed: guard's machinery, also used by `gradsan run` for the user's jit/grad functions.
+
+    ``run(args, kwargs)`` returns ``(out, ok, via)``; ``via`` is the fused program that computed
+    ``out`` (None when ``fun`` itself did). With ``background=True`` (guard) the first call runs
+    ``fun`` as it is, checks on the host and compiles the fused program in a background thread;
+    with ``background=False`` every call goes through the fused ``jit`` (`gradsan run`, whose
+    functions are new, so that compiles one program, not two).
+    """
+
+    def __init__(self, fun: Callable, *, keep_inputs: bool = True, background: bool = True):
+        self.fun = fun
+        self.fused = fused = _fused(fun, keep_inputs)
+        info = getattr(fun, "_jit_info", None)
+        self.donating = bool(getattr(info, "donate_argnums", ()))
+        static = bool(getattr(info, "static_argnums", ()) or getattr(info, "static_argnames", ()))
+        # until the fused program is ready: the function itself, without donation if needed
+        self.plain = fun
+        if background and fused is not None and self.donating and keep_inputs:
+            self.plain = jax.jit(
+                fun.__wrapped__,  # type: ignore[attr-defined]
+                static_argnums=info.static_argnums,  # type: ignore[union-attr]
+                static_argnames=info.static_argnames,  # type: ignore[union-attr]
+                keep_unused=info.keep_unused,  # type: ignore[union-attr]
+            )
+        self.state: dict[str, Any] = {
+            "compiled": None,
+            "thread": None,
+            "use_jit": static or not background,
+        }
+
+    def _compile_in_background(self, args: tuple, kwargs: dict) -> None:
+        state, fused = self.state, self.fused
+        assert fused is not None
+
+        def work() -> None:
+            try:
+                state["compiled"] = fused.lower(*args, **kwargs).compile()  # type: ignore[attr-defined]
+            except Exception:  # pragma: no cover - AOT unsupported here: use the jit path
+                state["use_jit"] = True
+
+        t = threading.Thread(target=work, name="gradsan-guard-compile", daemon=True)
+        state["thread"] = t
+        t.start()
+
+    def run(self, args: tuple, kwargs: dict) -> tuple[Any, bool, Callable | None]:
+        fused, state = self.fused, self.state
+        if fused is None:
+            out = self.fun(*args, **kwargs)
+            return out, bool(separate_flag(out)), None
+        compiled = state["compiled"]
+        if compiled is not None and not state["use_jit"]:
+            try:
+                out, ok = compiled(*args, **kwargs)
+                return out, bool(ok), fused
+            except (TypeError, ValueError):  # other shapes: jit compiles per signature
+                state["use_jit"] = True
+        if state["use_jit"]:
+            out, ok = fused(*args, **kwargs)
+            return out, bool(ok), fused
+        out = self.plain(*args, **kwargs)
+        if state["thread"] is None:
+            self._compile_in_background(_abstract(args), _abstract(kwargs))
+        return out, host_flag(out), None
+
+    def report(self, args: tuple, kwargs: dict, out: Any, via: Callable | None) -> Report:
+        """Replay the failed call through the interpreter: the report of where it went
+        non-finite."""
+        trace_fun: Callable | None
+        if via is not None:
+            trace_fun = lambda *a, **k: via(*a, **k)[0]  # noqa: E731
+        else:
+            trace_fun = self.plain if self.plain is not self.fun else None
+        report = diagnose(self.fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
+        if not report.findings:
+            report.notes.append(
+                "the compiled function returned a non-finite value, but the replay through "
+                "the interpreter stayed finite (XLA fusion can change rounding): run "
+                "gradsan.jax.explain on the un-jitted function."
+            )
+        return report
 
 
 def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
@@ -130,71 +179,19 @@ def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
         params, opt_state, loss = step(params, opt_state, batch)
     """
     check_callable(fun, "guard")
-    fused = _fused(fun, keep_inputs)
-    info = getattr(fun, "_jit_info", None)
-    donating = bool(getattr(info, "donate_argnums", ()))
-    static = bool(getattr(info, "static_argnums", ()) or getattr(info, "static_argnames", ()))
-    # until the fused program is ready: the function itself, without donation if needed
-    plain = fun
-    if fused is not None and donating and keep_inputs:
-        plain = jax.jit(
-            fun.__wrapped__,
-            static_argnums=info.static_argnums,
-            static_argnames=info.static_argnames,
-            keep_unused=info.keep_unused,
-        )
-    state: dict[str, Any] = {"compiled": None, "thread": None, "use_jit": static}
-
-    def compile_in_background(args: tuple, kwargs: dict) -> None:
-        def work() -> None:
-            try:
-                state["compiled"] = fused.lower(*args, **kwargs).compile()
-            except Exception:  # pragma: no cover - AOT unsupported here: use the jit path
-                state["use_jit"] = True
-
-        t = threading.Thread(target=work, name="gradsan-guard-compile", daemon=True)
-        state["thread"] = t
-        t.start()
-
-    def run(args: tuple, kwargs: dict) -> tuple[Any, bool, Callable | None]:
-        if fused is None:
-            out = fun(*args, **kwargs)
-            return out, bool(_separate_flag(out)), None
-        compiled = state["compiled"]
-        if compiled is not None and not state["use_jit"]:
-            try:
-                out, ok = compiled(*args, **kwargs)
-                return out, bool(ok), fused
-            except (TypeError, ValueError):  # other shapes: jit compiles per signature
-                state["use_jit"] = True
-        if state["use_jit"]:
-            out, ok = fused(*args, **kwargs)
-            return out, bool(ok), fused
-        out = plain(*args, **kwargs)
-        if state["thread"] is None:
-            compile_in_background(_abstract(args), _abstract(kwargs))
-        return out, _host_flag(out), None
+    checker = Checker(fun, keep_inputs=keep_inputs)
+    run = checker.run
+    summary_only = checker.donating and not keep_inputs
 
     @functools.wraps(fun)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         out, ok, via = run(args, kwargs)
         if ok:
             return out
-        if donating and not keep_inputs:
+        if summary_only:
             raise NonFiniteError(_summary_report(fun, out))
-        if via is not None:
-            trace_fun = lambda *a, **k: via(*a, **k)[0]  # noqa: E731
-        else:
-            trace_fun = plain if plain is not fun else None
-        report = diagnose(fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
-        if not report.findings:
-            report.notes.append(
-                "the compiled function returned a non-finite value, but the replay through "
-                "the interpreter stayed finite (XLA fusion can change rounding): run "
-                "gradsan.jax.explain on the un-jitted function."
-            )
-        raise NonFiniteError(report)
+        raise NonFiniteError(checker.report(args, kwargs, out, via))
 
     guarded.__gradsan_guarded__ = True  # type: ignore[attr-defined]
-    guarded._gradsan_state = state  # type: ignore[attr-defined]
+    guarded._gradsan_state = checker.state  # type: ignore[attr-defined]
     return guarded

@@ -29,90 +29,34 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend import core as jcore
+from jax.extend.core import primitives as _primitives
 
 from .. import _catalog
+from .._catalog._ops import CAN_MAKE_NONFINITE as _SINGULAR
+from .._catalog._ops import ZERO_TO_ZERO as _ZERO_TO_ZERO
 from .._errors import UsageError
 from .._report import Frame, Report
 from .._report._build import catalog_finding
+from . import _compat, _nansafe_limit, _rules
 from ._call import arg_labels, check_args, check_callable
 from ._compat import bind as _bind
-from ._compat import closed as _closed
-from ._guard import _flag as _finite_flag
 from ._source import exclude_gradsan, place
+from .interpreter import Scope
+from .interpreter._restage import RESTAGE, Restaging, call_jit, call_remat, restage_cond
 
 exclude_gradsan()
 
 _MODES = ("structural", "strong_zero")
 
 # operations whose output can be non-finite from finite inputs
-_SINGULAR = {
-    "div",
-    "log",
-    "log1p",
-    "sqrt",
-    "rsqrt",
-    "cbrt",
-    "pow",
-    "atan2",
-    "acos",
-    "asin",
-    "atanh",
-    "acosh",
-    "tan",
-    "lgamma",
-    "digamma",
-    "erf_inv",
-    "exp",
-    "exp2",
-    "expm1",
-    "rem",
-    "igamma",
-    "igammac",
-    "polygamma",
-    "zeta",
-    "bessel_i0e",
-    "bessel_i1e",
-    "regularized_incomplete_beta",
-    "random_gamma_grad",
-    "logistic",
-}
 # elementwise operations f with f(0) = 0 exactly, and one float operand: sz passes through
-_ZERO_TO_ZERO = {
-    "neg",
-    "convert_element_type",
-    "reduce_precision",
-    "copy",
-    "copy_p",
-    "real",
-    "imag",
-    "conj",
-    "sin",
-    "tan",
-    "tanh",
-    "sinh",
-    "asin",
-    "atan",
-    "asinh",
-    "atanh",
-    "expm1",
-    "log1p",
-    "abs",
-    "sign",
-    "sqrt",
-    "cbrt",
-    "erf",
-    "erf_inv",
-    "optimization_barrier",
-}
 # operations that move elements around: apply the same primitive to the mask (operand 0)
 _SHAPE = {
     "reshape",
@@ -194,35 +138,8 @@ _SCALAR_OK = {
     "clamp",
 }
 _BILINEAR = {"dot_general", "conv_general_dilated"}
-_CALLS = {
-    "pjit": "jaxpr",
-    "jit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
-    "custom_vjp_call_jaxpr": "fun_jaxpr",
-}
-# forward primitive -> the catalog entry for the singular point a 0 * inf comes from
-_ENTRY = {
-    "sqrt": "sqrt-at-zero",
-    "rsqrt": "rsqrt-at-zero",
-    "cbrt": "cbrt-at-zero",
-    "pow": "pow-fractional-at-zero",
-    "integer_pow": "integer-pow-negative-at-zero",
-    "div": "div-by-zero",
-    "log": "log-at-zero",
-    "log1p": "log1p-at-minus-one",
-    "acos": "acos-at-one",
-    "asin": "asin-at-one",
-    "atanh": "atanh-at-one",
-    "acosh": "acosh-at-one",
-    "tan": "tan-at-pole",
-    "atan2": "atan2-at-origin",
-    "lgamma": "lgamma-at-pole",
-    "digamma": "digamma-at-pole",
-    "erf_inv": "erf-inv-at-one",
-}
+_jit_p = _primitives.jit_p
+_remat_p = _primitives.remat_p
 
 
 # -- masks: static False / True, a boolean array, or a lazily computed one -----------------------
@@ -384,16 +301,14 @@ def _const_meta(val, aval=None) -> M:
     return M(sz=False, lc=True, const=True)
 
 
-# -- contexts, sites and flags ---------------------------------------------------------------
+# -- positions, sites and flags ---------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class _Ctx:
-    backward: bool
-    frame: Frame | None
-    path: tuple
-    library: str | None
-    flags: dict  # site key -> traced count (sum) or margin (min)
+class _At(NamedTuple):
+    """Where a first-order equation runs: its scope and its position key."""
+
+    scope: Scope
+    key: tuple
 
 
 @dataclasses.dataclass
@@ -428,30 +343,61 @@ def _nonfinite(x):
     return ~lax.is_finite(x) if jnp.issubdtype(x.dtype, jnp.floating) else ~jnp.isfinite(x)
 
 
-class _Emitter:
+class _Emitter(Restaging):
+    """The re-emission: structural-zero metadata as the sidecar (an ``M`` per value), the
+    repair as the rule for backward products, control flow restaged (``RESTAGE``). ``acc``
+    holds the report's counts: site key -> traced count (sum) or margin (min)."""
+
     def __init__(self, mode: str, report: bool):
+        super().__init__()
         self.mode = mode
         self.report = report
         self.sites: dict[tuple, _Site] = {}
         self.key_prims: dict[Any, str] = {}  # source position -> first singular forward op
         self._jits: dict = {}
 
-    # -- flags ---------------------------------------------------------------------------------
-    def _flag(self, ctx: _Ctx, key: tuple, value) -> None:
-        if key[-1] in _MIN_KINDS:
-            prev = ctx.flags.get(key)
-            ctx.flags[key] = value if prev is None else jnp.minimum(prev, value)
-        else:
-            prev = ctx.flags.get(key)
-            ctx.flags[key] = value if prev is None else prev + value
+    # -- the sidecar: an M per value; its signature is static, its masks are the leaves --------
+    def literal_side(self, value) -> M:
+        return _const_meta(value)
 
-    def _site(self, eqn, ctx: _Ctx, kind: str, why=frozenset()) -> tuple:
-        key = (*ctx.path, id(eqn), kind)
+    def const_side(self, value, label: str) -> M:
+        return _const_meta(value)
+
+    def side_sig(self, side: M) -> tuple:
+        return _sig(side)
+
+    def side_leaves(self, side: M, value, sig: tuple) -> list:
+        """The masks a signature carries as arrays (static ones widened where it asks)."""
+        shape = _shape(value)
+        out = []
+        if sig[0] == 2:
+            out.append(_arr(side.sz, shape))
+        if sig[1] == 2:
+            out.append(_arr(side.lc, shape))
+        return out
+
+    def side_build(self, sig: tuple, leaves) -> M:
+        return _meta_from_sig(sig, leaves)
+
+    def side_join(self, a: tuple, b: tuple) -> tuple:
+        return _join(a, b)
+
+    def acc_init(self, key: tuple, aval):
+        if key[-1] in _MIN_KINDS:
+            return jnp.full(aval.shape, np.inf, aval.dtype)
+        return jnp.zeros(aval.shape, aval.dtype)
+
+    def acc_combine(self, key: tuple, old, new):
+        return jnp.minimum(old, new) if key[-1] in _MIN_KINDS else old + new
+
+    # -- sites ---------------------------------------------------------------------------------
+    def _site(self, eqn, at: _At, kind: str, why=frozenset()) -> tuple:
+        key = (*at.key, kind)
         if key not in self.sites:
             pl = place(eqn.source_info)
-            where = pl.user if pl.user is not None else ctx.frame
-            lib = pl.library if pl.user is None or pl.library else ctx.library
-            lib = lib or ctx.library
+            where = pl.user if pl.user is not None else at.scope.frame
+            lib = pl.library if pl.user is None or pl.library else at.scope.library
+            lib = lib or at.scope.library
             prim = self.key_prims.get(pl.key) if pl.key is not None else None
             self.sites[key] = _Site(
                 key, kind, eqn.primitive.name, prim or eqn.primitive.name, where, lib, why
@@ -460,84 +406,47 @@ class _Emitter:
             self.sites[key].why = self.sites[key].why | why
         return key
 
-    # -- the loop --------------------------------------------------------------------------------
-    def run(self, jaxpr, consts, const_metas, args, arg_metas, ctx: _Ctx):
-        env: dict = {}
-        menv: dict = {}
-        for v, c, m in zip(jaxpr.constvars, consts, const_metas):
-            env[v], menv[v] = c, m
-        for v, a, m in zip(jaxpr.invars, args, arg_metas):
-            env[v], menv[v] = a, m
+    # -- scopes and calls ------------------------------------------------------------------------
+    def sub_scope(self, eqn, scope: Scope, key: tuple, name: str, context=None) -> Scope:
+        """The core's, except that the body of a call in a rematerialised forward computation
+        is forward (as its equations are)."""
+        sub = super().sub_scope(eqn, scope, key, name, context)
+        sub.backward = _compat.is_backward(eqn, scope.backward)
+        return sub
 
-        def read(vs) -> tuple[list, list]:
-            vals = [v.val if isinstance(v, jcore.Literal) else env[v] for v in vs]
-            metas = [
-                _const_meta(v.val, v.aval) if isinstance(v, jcore.Literal) else menv[v] for v in vs
-            ]
-            return vals, metas
-
-        for eqn in jaxpr.eqns:
-            outs, ometas = self.eqn(eqn, *read(eqn.invars), ctx)
-            for v, o, m in zip(eqn.outvars, outs, ometas):
-                if not isinstance(v, jcore.DropVar):
-                    env[v], menv[v] = o, m
-        return read(jaxpr.outvars)
-
-    def _backward(self, eqn, ctx: _Ctx) -> bool:
-        ns = str(eqn.source_info.name_stack)
-        if "rematted_computation" in ns:
-            return False
-        return ctx.backward or "transpose" in ns
-
-    def _sub_ctx(self, eqn, ctx: _Ctx, flags: dict | None = None) -> _Ctx:
-        pl = place(eqn.source_info)
-        return _Ctx(
-            backward=self._backward(eqn, ctx),
-            frame=pl.user if pl.user is not None else ctx.frame,
-            path=(*ctx.path, id(eqn)),
-            library=ctx.library or (pl.library if pl.user is None else None),
-            flags=ctx.flags if flags is None else flags,
-        )
-
-    def eqn(self, eqn, invals, inmetas, ctx: _Ctx):
-        name = eqn.primitive.name
-        if name in ("jit", "pjit"):
-            return self._jit(eqn, invals, inmetas, ctx)
-        if name in _CALLS:
-            jaxpr, consts = _closed(eqn.params[_CALLS[name]])
-            sub = self._sub_ctx(eqn, ctx)
-            if name.startswith("custom_vjp") and not jaxpr.constvars:
-                consts = []
-            return self.run(
-                jaxpr, consts, [_const_meta(c, None) for c in consts], invals, inmetas, sub
+    def call(self, eqn, jaxpr, consts, invals, insides, scope: Scope, key: tuple):
+        """A nested jit stays a jit and a checkpoint a checkpoint (:func:`call_jit`,
+        :func:`call_remat`); any other call (custom_jvp/vjp, closed_call) is inlined: the
+        program is already differentiated, so its custom rule has been applied."""
+        name = str(eqn.params.get("name", eqn.primitive.name))
+        sub = self.sub_scope(eqn, scope, key, f"{eqn.primitive.name}[{name}]")
+        if eqn.primitive is _jit_p:
+            return call_jit(
+                self, eqn, jaxpr, consts, invals, insides, sub, self._jits, (key, scope.backward)
             )
-        if name in ("remat2", "checkpoint"):
-            return self._remat(eqn, invals, inmetas, ctx)
-        if name == "scan":
-            return self._scan(eqn, invals, inmetas, ctx)
-        if name == "while":
-            return self._while(eqn, invals, inmetas, ctx)
-        if name == "cond":
-            return self._cond(eqn, invals, inmetas, ctx)
-        return self.first_order(eqn, invals, inmetas, ctx)
+        if eqn.primitive is _remat_p:
+            return call_remat(self, eqn, jaxpr, consts, invals, insides, sub)
+        csides = [self.const_side(c, "a constant") for c in consts]
+        return self.run(jaxpr, consts, csides, invals, insides, sub)
 
     # -- first-order equations -------------------------------------------------------------------
-    def first_order(self, eqn, invals, ms, ctx: _Ctx):
+    def first_order(self, eqn, invals, ms, scope: Scope, key: tuple):
+        at = _At(scope, key)
         name = eqn.primitive.name
-        bwd = self._backward(eqn, ctx)
+        bwd = _compat.is_backward(eqn, scope.backward)
         if not bwd and (name in _SINGULAR or name == "integer_pow" and eqn.params["y"] < 0):
             pl = place(eqn.source_info)
             if pl.key is not None:
                 self.key_prims.setdefault(pl.key, name)
         if bwd and name == "mul" and any(m.taint for m in ms):
-            outs = [self._mul(eqn, invals, ms, ctx)]
+            outs = [self._mul(eqn, invals, ms, at)]
         elif bwd and name == "div":
-            outs = [self._div(eqn, invals, ms, ctx)]
+            outs = [self._div(eqn, invals, ms, at)]
         elif bwd and name == "dot_general" and any(m.taint for m in ms):
-            outs = _bind(eqn, self._dot_operands(eqn, invals, ms, ctx))
+            outs = _bind(eqn, self._dot_operands(eqn, invals, ms, at))
         else:
             outs = _bind(eqn, invals)
-        return outs, self.metas(eqn, invals, ms, outs, bwd, ctx)
+        return outs, self.metas(eqn, invals, ms, outs, bwd, at)
 
     def _zero_side(self, ms, vals, i: int, shape):
         """Mask of factor i's zeros that may be set to 0 against the other factor."""
@@ -546,7 +455,7 @@ class _Emitter:
             return _Lazy(lambda: _arr(vals[i] == 0, shape)) if other.taint else False
         return ms[i].sz if other.taint else False
 
-    def _mul(self, eqn, vals, ms, ctx: _Ctx):
+    def _mul(self, eqn, vals, ms, at: _At):
         (p,) = _bind(eqn, vals)
         shape = _shape(p)
         cond = _or(
@@ -557,10 +466,10 @@ class _Emitter:
             bad = _nonfinite(p)
             a, b = (jnp.broadcast_to(v, shape) for v in vals)
             meets = ((a == 0) & _nonfinite(b)) | ((b == 0) & _nonfinite(a))
-            self._report_repair(eqn, ctx, ms, bad, cond, meets, shape, [0, 1])
+            self._report_repair(eqn, at, ms, bad, cond, meets, shape, [0, 1])
         return out
 
-    def _div(self, eqn, vals, ms, ctx: _Ctx):
+    def _div(self, eqn, vals, ms, at: _At):
         (p,) = _bind(eqn, vals)
         shape = _shape(p)
         if self.mode == "strong_zero":
@@ -571,10 +480,10 @@ class _Emitter:
         if self.report:
             bad = _nonfinite(p)
             a = jnp.broadcast_to(vals[0], shape)
-            self._report_repair(eqn, ctx, ms, bad, cond, a == 0, shape, [0])
+            self._report_repair(eqn, at, ms, bad, cond, a == 0, shape, [0])
         return out
 
-    def _report_repair(self, eqn, ctx, ms, bad, cond, meets, shape, zero_sides):
+    def _report_repair(self, eqn, at, ms, bad, cond, meets, shape, zero_sides):
         why = frozenset().union(*(ms[i].why for i in zero_sides if ms[i].sz is not False))
         if self.mode == "strong_zero":
             struct = _or(
@@ -588,26 +497,25 @@ class _Emitter:
             )
             s = bad & _arr(struct, shape) if struct is not False else None
             if s is not None:
-                self._flag(ctx, self._site(eqn, ctx, "struct", why), jnp.sum(s, dtype=jnp.int32))
+                self.accumulate(self._site(eqn, at, "struct", why), jnp.sum(s, dtype=jnp.int32))
             c = bad & _arr(cond, shape) if cond is not False else None
             if c is not None:
                 if s is not None:
                     c = c & ~s
-                self._flag(ctx, self._site(eqn, ctx, "conv"), jnp.sum(c, dtype=jnp.int32))
+                self.accumulate(self._site(eqn, at, "conv"), jnp.sum(c, dtype=jnp.int32))
             rest = bad & meets & (~_arr(cond, shape) if cond is not False else True)
         else:
             if cond is not False:
-                self._flag(
-                    ctx,
-                    self._site(eqn, ctx, "struct", why),
+                self.accumulate(
+                    self._site(eqn, at, "struct", why),
                     jnp.sum(bad & _arr(cond, shape), dtype=jnp.int32),
                 )
             rest = bad & meets
             if cond is not False:
                 rest = rest & ~_arr(cond, shape)
-        self._flag(ctx, self._site(eqn, ctx, "unres"), jnp.sum(rest, dtype=jnp.int32))
+        self.accumulate(self._site(eqn, at, "unres"), jnp.sum(rest, dtype=jnp.int32))
 
-    def _dot_operands(self, eqn, vals, ms, ctx: _Ctx):
+    def _dot_operands(self, eqn, vals, ms, at: _At):
         """Zero the non-finite entries of a factor that meet only (structural) zeros."""
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         out = list(vals)
@@ -634,7 +542,7 @@ class _Emitter:
                 # remaining y axes in increasing order -> the matching x axes
                 kept = [a for a in range(np.ndim(y)) if a not in free]
                 to_x = [xb[list(yb).index(a)] if a in yb else xc[list(yc).index(a)] for a in kept]
-                order = np.argsort(to_x)
+                order = tuple(int(a) for a in np.argsort(to_x))
                 red = jnp.transpose(red, order) if len(order) > 1 else red
                 used = lax.broadcast_in_dim(red, _shape(x), tuple(sorted(to_x)))
             bad = _nonfinite(x)
@@ -642,13 +550,11 @@ class _Emitter:
             out[i] = lax.select(fix, jnp.zeros_like(x), x)
             if self.report:
                 kind = "conv" if self.mode == "strong_zero" else "struct"
-                self._flag(
-                    ctx, self._site(eqn, ctx, kind, ms[j].why), jnp.sum(fix, dtype=jnp.int32)
-                )
+                self.accumulate(self._site(eqn, at, kind, ms[j].why), jnp.sum(fix, dtype=jnp.int32))
         return out
 
     # -- metadata rules --------------------------------------------------------------------------
-    def metas(self, eqn, invals, ms, outs, bwd: bool, ctx: _Ctx) -> list[M]:
+    def metas(self, eqn, invals, ms, outs, bwd: bool, at: _At) -> list[M]:
         name = eqn.primitive.name
         const = all(m.const for m in ms)
         taint = (
@@ -689,9 +595,9 @@ class _Emitter:
                 disc = disc or ms[0].lc is not True
             m = M(taint=taint and fl, disc=disc)
             if fl:
-                m.sz, m.why = self._sz(eqn, name, invals, ms, o, shape, bwd, ctx)
+                m.sz, m.why = self._sz(eqn, name, invals, ms, o, shape, bwd, at)
             else:
-                m.lc, m.lcsrc = self._lc(eqn, name, invals, ms, o, shape, ctx)
+                m.lc, m.lcsrc = self._lc(eqn, name, invals, ms, o, shape, at)
                 m.taint = False
             res.append(m)
         return res
@@ -741,7 +647,7 @@ class _Emitter:
         except Exception:  # pragma: no cover
             return None
 
-    def _sz(self, eqn, name, vals, ms, out, shape, bwd, ctx):
+    def _sz(self, eqn, name, vals, ms, out, shape, bwd, at):
         why = frozenset().union(*(m.why for m in ms))
         if name in _ZERO_TO_ZERO or (name == "integer_pow" and eqn.params["y"] > 0):
             return ms[0].sz, ms[0].why
@@ -785,7 +691,7 @@ class _Emitter:
                 return False, frozenset()
             return _and([a.sz, _Lazy(lambda: _arr(vals[1] > 0, shape))], shape), a.why
         if name == "select_n":
-            return self._select_sz(eqn, vals, ms, shape, ctx)
+            return self._select_sz(eqn, vals, ms, shape, at)
         if name in _REDUCE:
             m = ms[0].sz
             if _is_static(m):
@@ -842,7 +748,7 @@ class _Emitter:
             return _Lazy(contract), why
         return False, frozenset()
 
-    def _select_sz(self, eqn, vals, ms, shape, ctx):
+    def _select_sz(self, eqn, vals, ms, shape, at):
         pred, cases = ms[0], ms[1:]
         if pred.cval is not None and np.ndim(pred.cval) == 0:
             c = cases[int(pred.cval)]
@@ -864,7 +770,7 @@ class _Emitter:
 
         return _Lazy(f), sel_why
 
-    def _lc(self, eqn, name, vals, ms, out, shape, ctx):
+    def _lc(self, eqn, name, vals, ms, out, shape, at):
         src = frozenset().union(*(m.lcsrc for m in ms))
         if name in _COMPARE:
             a, b = ms
@@ -875,10 +781,10 @@ class _Emitter:
                 return False, src
             x, y = vals
             lc = _Lazy(lambda: _arr(x != y, shape))
-            key = self._site(eqn, ctx, "margin")
+            key = self._site(eqn, at, "margin")
             if self.report:
                 d = jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))
-                self._flag(ctx, key, jnp.min(jnp.where(d > 0, d, jnp.inf)))
+                self.accumulate(key, jnp.min(jnp.where(d > 0, d, jnp.inf)))
             return lc, frozenset({key[:-1]})
         if any(_is_float(v.aval) for v in eqn.invars if hasattr(v.aval, "dtype")):
             return False, src
@@ -908,222 +814,6 @@ class _Emitter:
         ):
             return _and(lcs, shape), src
         return False, src
-
-    # -- higher-order equations ----------------------------------------------------------------
-    def _body(self, jaxpr, consts, in_sigs, ctx: _Ctx, n_flag_in: list | None = None):
-        """A traceable function for a nested jaxpr.
-
-        fn(vals, dyn_masks, flags) -> (vals, dyn_masks, flags); ``info`` receives the static
-        signature of the outputs and the flag keys once it has been traced.
-        """
-        info: dict = {}
-        const_metas = [_const_meta(c, None) for c in consts]
-
-        def fn(vals, dyn, flags):
-            it = iter(dyn)
-            metas = [_meta_from_sig(s, it) for s in in_sigs]
-            sub = dataclasses.replace(ctx, flags={})
-            outs, om = self.run(jaxpr, consts, const_metas, list(vals), metas, sub)
-            sigs = [_sig(m) for m in om]
-            info["sigs"] = sigs
-            info["keys"] = sorted(sub.flags, key=repr)
-            new_flags = dict(flags)
-            for k, v in sub.flags.items():
-                if k in new_flags:
-                    new_flags[k] = (
-                        jnp.minimum(new_flags[k], v) if k[-1] in _MIN_KINDS else new_flags[k] + v
-                    )
-                else:
-                    new_flags[k] = v
-            return list(outs), _dyn_of(om, outs), new_flags
-
-        return fn, info
-
-    def _jit(self, eqn, invals, ms, ctx: _Ctx):
-        """A nested jit stays a jit (same compiled units as ``fun``, so the same rounding)."""
-        jaxpr, consts = _closed(eqn.params["jaxpr"])
-        sigs = tuple(_sig(m) for m in ms)
-        key = (ctx.path, id(eqn), sigs, ctx.backward)
-        ent = self._jits.get(key)
-        if ent is None:
-            fn, info = self._body(jaxpr, consts, list(sigs), self._sub_ctx(eqn, ctx))
-
-            def body(vals, dyn):
-                return fn(vals, dyn, {})
-
-            body.__name__ = str(eqn.params.get("name", "jit"))
-            ent = self._jits[key] = (jax.jit(body, inline=bool(eqn.params.get("inline"))), info)
-        jf, info = ent
-        outs, odyn, flags = jf(list(invals), _dyn_of(ms, invals))
-        for k, v in flags.items():
-            self._flag(ctx, k, v)
-        return list(outs), _metas_from(info["sigs"], odyn)
-
-    def _remat(self, eqn, invals, ms, ctx: _Ctx):
-        jaxpr, consts = _closed(eqn.params["jaxpr"])
-        sub = self._sub_ctx(eqn, ctx)
-        sigs = [_sig(m) for m in ms]
-        fn, info = self._body(jaxpr, consts, sigs, sub)
-        dyn = _dyn_of(ms, invals)
-
-        def wrapped(vals, dyn):
-            return fn(vals, dyn, {})
-
-        ck = jax.checkpoint(
-            wrapped,
-            prevent_cse=eqn.params.get("prevent_cse", True),
-            policy=eqn.params.get("policy"),
-        )
-        outs, odyn, flags = ck(list(invals), dyn)
-        for k, v in flags.items():
-            self._flag(ctx, k, v)
-        return outs, _metas_from(info["sigs"], odyn)
-
-    def _scan(self, eqn, invals, ms, ctx: _Ctx):
-        p = eqn.params
-        jaxpr, jconsts = _closed(p["jaxpr"])
-        nc, nk = p["num_consts"], p["num_carry"]
-        sub = self._sub_ctx(eqn, ctx)
-        c_sig = [_sig(m) for m in ms[:nc]]
-        k_sig = [_sig(m) for m in ms[nc : nc + nk]]
-        x_sig = [_slice_sig(_sig(m)) for m in ms[nc + nk :]]
-        xs_avals = [v.aval for v in eqn.invars[nc + nk :]]
-        for _ in range(6):  # fixpoint of the carry's static metadata
-            fn, info = self._body(jaxpr, jconsts, [*c_sig, *k_sig, *x_sig], sub)
-            args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars[: nc + nk]]
-            args += [jax.ShapeDtypeStruct(a.shape[1:], a.dtype) for a in xs_avals]
-            dyn_avals = _dyn_avals([*c_sig, *k_sig, *x_sig], args)
-            jax.eval_shape(lambda a, d, _fn=fn: _fn(a, d, {}), args, dyn_avals)
-            new_k = [_join(a, b) for a, b in zip(k_sig, info["sigs"][:nk])]
-            if new_k == k_sig:
-                break
-            k_sig = new_k
-        else:  # pragma: no cover - the lattice is finite and shallow
-            raise RuntimeError("gradsan.jax.nansafe: scan metadata did not converge")
-        keys = info["keys"]
-        init_flags = {k: _flag_init(k) for k in keys}
-        consts_v = invals[:nc]
-        c_dyn = _dyn_of(ms[:nc], consts_v)
-        carry_v = list(invals[nc : nc + nk])
-        k_dyn = _dyn_of(ms[nc : nc + nk], carry_v, k_sig)
-        xs_v = list(invals[nc + nk :])
-        x_dyn = _dyn_of(ms[nc + nk :], xs_v)
-        n_kdyn = len(k_dyn)
-        want_k = k_sig
-
-        def body(carry, x):
-            cv, cd, fl = carry
-            xv, xd = x
-            outs, odyn, nfl = fn([*consts_v, *cv, *xv], [*c_dyn, *cd, *xd], fl)
-            om = _metas_from(info["sigs"], odyn)
-            kd = _dyn_of(om[:nk], outs[:nk], want_k)
-            assert len(kd) == n_kdyn
-            ys_m = om[nk:]
-            info["ys_sigs"] = [_sig(m) for m in ys_m]
-            return (outs[:nk], kd, {k: nfl.get(k, fl[k]) for k in keys}), (
-                outs[nk:],
-                _dyn_of(ys_m, outs[nk:]),
-            )
-
-        (cv, cd, fl), (ys, yd) = lax.scan(
-            body,
-            (carry_v, k_dyn, init_flags),
-            (xs_v, x_dyn),
-            length=p["length"],
-            reverse=p["reverse"],
-            unroll=p["unroll"],
-        )
-        for k, v in fl.items():
-            self._flag(ctx, k, v)
-        carry_m = _metas_from(k_sig, cd)
-        ys_m = _metas_from([_stack_sig(s) for s in info["ys_sigs"]], yd)
-        return [*cv, *ys], [*carry_m, *ys_m]
-
-    def _while(self, eqn, invals, ms, ctx: _Ctx):
-        p = eqn.params
-        cj, cconsts = _closed(p["cond_jaxpr"])
-        bj, bconsts = _closed(p["body_jaxpr"])
-        nc, nb = p["cond_nconsts"], p["body_nconsts"]
-        sub = self._sub_ctx(eqn, ctx)
-        cv, bv, kv = invals[:nc], invals[nc : nc + nb], list(invals[nc + nb :])
-        b_sig = [_sig(m) for m in ms[nc : nc + nb]]
-        k_sig = [_sig(m) for m in ms[nc + nb :]]
-        for _ in range(6):
-            fn, info = self._body(bj, bconsts, [*b_sig, *k_sig], sub)
-            args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars[nc:]]
-            jax.eval_shape(
-                lambda a, d, _fn=fn: _fn(a, d, {}), args, _dyn_avals([*b_sig, *k_sig], args)
-            )
-            new_k = [_join(a, b) for a, b in zip(k_sig, info["sigs"])]
-            if new_k == k_sig:
-                break
-            k_sig = new_k
-        else:  # pragma: no cover
-            raise RuntimeError("gradsan.jax.nansafe: while metadata did not converge")
-        keys = info["keys"]
-        b_dyn = _dyn_of(ms[nc : nc + nb], bv)
-        k_dyn = _dyn_of(ms[nc + nb :], kv, k_sig)
-
-        def cond_fun(carry):
-            vals, _, _ = carry
-            return jax.core.eval_jaxpr(cj, cconsts, *cv, *vals)[0]
-
-        def body_fun(carry):
-            vals, kd, fl = carry
-            outs, odyn, nfl = fn([*bv, *vals], [*b_dyn, *kd], fl)
-            om = _metas_from(info["sigs"], odyn)
-            return outs, _dyn_of(om, outs, k_sig), {k: nfl.get(k, fl[k]) for k in keys}
-
-        vals, kd, fl = lax.while_loop(
-            cond_fun, body_fun, (kv, k_dyn, {k: _flag_init(k) for k in keys})
-        )
-        for k, v in fl.items():
-            self._flag(ctx, k, v)
-        return list(vals), _metas_from(k_sig, kd)
-
-    def _cond(self, eqn, invals, ms, ctx: _Ctx):
-        branches = eqn.params["branches"]
-        sub = self._sub_ctx(eqn, ctx)
-        idx, ops, oms = invals[0], list(invals[1:]), ms[1:]
-        sigs = [_sig(m) for m in oms]
-        dyn = _dyn_of(oms, ops)
-        args = [jax.ShapeDtypeStruct(np.shape(o), jnp.result_type(o)) for o in ops]
-        fns = []
-        out_sig = None
-        keys: set = set()
-        for br in branches:
-            j, c = _closed(br)
-            fn, info = self._body(j, c, sigs, sub)
-            jax.eval_shape(lambda a, d, _fn=fn: _fn(a, d, {}), args, _dyn_avals(sigs, args))
-            out_sig = (
-                info["sigs"]
-                if out_sig is None
-                else [_join(a, b) for a, b in zip(out_sig, info["sigs"])]
-            )
-            keys |= set(info["keys"])
-            fns.append((fn, info))
-        keys_l = sorted(keys, key=repr)
-
-        def make(fn, info):
-            def branch(ops, dyn):
-                outs, odyn, fl = fn(ops, dyn, {})
-                om = _metas_from(info["sigs"], odyn)
-                return (
-                    outs,
-                    _dyn_of(om, outs, out_sig),
-                    {k: fl.get(k, _flag_init(k)) for k in keys_l},
-                )
-
-            return branch
-
-        outs, odyn, fl = lax.switch(idx, [make(f, i) for f, i in fns], ops, dyn)
-        for k, v in fl.items():
-            self._flag(ctx, k, v)
-        metas = _metas_from(out_sig, odyn)
-        if ms[0].lc is not True:
-            for m in metas:
-                m.disc = True
-        return list(outs), metas
 
     # -- the report --------------------------------------------------------------------------------
     def build_report(self, flags: dict, fun) -> Report:
@@ -1161,7 +851,7 @@ class _Emitter:
         return rep
 
     def _finding(self, site: _Site, n: int, margins: dict):
-        entry = _ENTRY.get(site.primitive)
+        entry = _rules.NANSAFE_ENTRY.get(site.primitive)
         if site.library is not None:
             lib_entry = _catalog.for_library(site.library)
             if lib_entry is not None:
@@ -1242,46 +932,16 @@ def _meta_from_sig(sig: tuple, it) -> M:
     return M(sz=sz, lc=lc, taint=taint, const=const, disc=disc, why=why, cval=cval, lcsrc=lcsrc)
 
 
-def _metas_from(sigs, dyn) -> list[M]:
-    it = iter(dyn)
-    return [_meta_from_sig(s, it) for s in sigs]
+def _restage_cond(interp: _Emitter, eqn, invals: list, insides: list, scope: Scope, key: tuple):
+    """The restaged cond; its outputs can jump unless the index is locally constant."""
+    outs, metas = restage_cond(interp, eqn, invals, insides, scope, key)
+    if insides[0].lc is not True:
+        for m in metas:
+            m.disc = True
+    return outs, metas
 
 
-def _dyn_of(metas, vals, sigs=None) -> list:
-    """The masks that a signature carries as arrays (static ones widened where it asks)."""
-    out = []
-    sigs = sigs if sigs is not None else [_sig(m) for m in metas]
-    for m, v, s in zip(metas, vals, sigs):
-        shape = _shape(v)
-        if s[0] == 2:
-            out.append(_arr(m.sz, shape))
-        if s[1] == 2:
-            out.append(_arr(m.lc, shape))
-    return out
-
-
-def _dyn_avals(sigs, args) -> list:
-    out = []
-    for s, a in zip(sigs, args):
-        if s[0] == 2:
-            out.append(jax.ShapeDtypeStruct(a.shape, jnp.bool_))
-        if s[1] == 2:
-            out.append(jax.ShapeDtypeStruct(a.shape, jnp.bool_))
-    return out
-
-
-def _slice_sig(sig: tuple) -> tuple:
-    return sig
-
-
-def _stack_sig(sig: tuple) -> tuple:
-    return sig
-
-
-def _flag_init(key: tuple):
-    if key[-1] in _MIN_KINDS:
-        return jnp.array(np.inf, jnp.float32)
-    return jnp.array(0, jnp.int32)
+_Emitter.rules = {**RESTAGE, _compat.cond_p: _restage_cond}
 
 
 # -- the public transformation -----------------------------------------------------------------
@@ -1371,24 +1031,24 @@ def nansafe(
                 in_metas.append(M(sz=False, lc=not fl, const=not fl))
 
             def run(*fl):
-                ctx = _Ctx(backward=False, frame=None, path=(), library=None, flags={})
+                em.acc = {}
                 outs, _ = em.run(
-                    jaxpr, consts, [_const_meta(c, None) for c in consts], list(fl), in_metas, ctx
+                    jaxpr, consts, [_const_meta(c) for c in consts], list(fl), in_metas, Scope()
                 )
-                return outs, (ctx.flags if report else {})
+                return outs, (em.acc if report else {})
 
             out_tree = jax.tree_util.tree_structure(out_shape)
-            entry = (em, run, jax.jit(run), out_tree, out_shape)
+            entry = (em, run, out_tree, out_shape)
             if not any(isinstance(c, jax.core.Tracer) for c in consts):
                 cache[key] = entry
-        em, run, jitted, out_tree, out_shape = entry
+        em, run, out_tree, out_shape = entry
         outs, flags = run(*flat)
         limit = None
         if ask and tracing:
-            outs = _limit_in_program(fun, flat, in_tree, outs, out_tree)
+            outs = _nansafe_limit.limit_in_program(fun, flat, in_tree, outs, out_tree)
         result = jax.tree_util.tree_unflatten(out_tree, outs)
         if ask and not tracing:
-            limit = _host_limit(fun, args, kwargs, result)
+            limit = _nansafe_limit.host_limit(fun, args, kwargs, result)
             if limit is not None:
                 result = limit[0]
         if not report:
@@ -1401,177 +1061,3 @@ def nansafe(
         return result, rep
 
     return wrapped
-
-
-def _is_float_array(x: Any) -> bool:
-    return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-def _plain_grad(fun: Callable, kwargs: dict) -> bool:
-    """Whether ``fun`` is a plain ``jax.grad(loss)`` called without keywords: the only
-    programs the limit engine is asked about."""
-    doc = getattr(fun, "__doc__", None) or ""
-    return doc.startswith("Gradient of") and hasattr(fun, "__wrapped__") and not kwargs
-
-
-def _host_limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
-    """The host decision, one for both paths (an eager call, and the callback under jit):
-    None when every float output is finite (nothing to decide) or when the limit engine has no
-    certified number; else (certified gradient, finding) from :func:`_limit`."""
-    if all(
-        np.isfinite(np.asarray(x)).all()
-        for x in jax.tree_util.tree_leaves(result)
-        if _is_float_array(x)
-    ):
-        return None
-    return _limit(fun, args, kwargs, result)
-
-
-_CERTIFIERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _certifier(fun: Callable) -> Callable:
-    """certify(fun), kept per gradient function: a second incident reuses the traces of the
-    loss and of its vmapped form (most of a first certification's time)."""
-    from .certify import certify
-
-    try:
-        c = _CERTIFIERS.get(fun)
-        if c is None:
-            c = _CERTIFIERS[fun] = certify(fun)
-        return c
-    except TypeError:  # not weakly referenceable
-        return certify(fun)
-
-
-def _limit(fun: Callable, args: tuple, kwargs: dict, result: Any):
-    """A numerical 0 * inf left non-finite: ask the limit engine for the gradient of the loss
-    (``fun`` must be ``jax.grad(loss)``). Returns (certified gradient, finding) or None when
-    there is no certified number (singular, undecided) or ``fun`` is not a plain gradient."""
-    if not _plain_grad(fun, kwargs):
-        return None
-    try:
-        rep = _certifier(fun)(*args)
-    except Exception:  # an unsupported program: keep the non-finite value, reported
-        return None
-    if rep.outputs is None or not rep.findings:
-        return None
-    f = rep.findings[0]
-    label = f.detail.get("label")
-    if label not in ("gradient", "clarke-subgradient"):
-        return None
-    grad = jax.tree_util.tree_map(
-        lambda c, r: jnp.asarray(c, dtype=r.dtype).reshape(r.shape), rep.outputs, result
-    )
-    f.kind = "resolved"
-    f.detail["rule"] = "limit engine (gradsan.jax.certify): " + (
-        "the gradient" if label == "gradient" else "a Clarke subgradient"
-    )
-    return grad, f
-
-
-# -- the limit engine inside a traced program (jax.jit, vmap, jvp) -------------------------------
-
-
-def _callback_operand(x: Any) -> bool:
-    """A leaf that travels to the host as a callback operand (an array or a tracer of a plain
-    dtype); anything else (a Python scalar or flag) is closed over as it is."""
-    if not isinstance(x, (jax.core.Tracer, jax.Array, np.ndarray, np.generic)):
-        return False
-    return not jnp.issubdtype(x.dtype, jax.dtypes.extended)
-
-
-def _limit_in_program(fun: Callable, flat: list, in_tree, outs: list, out_tree) -> list:
-    """Under a trace (``jax.jit``): ``outs`` unchanged when every float output is finite, else
-    the host decision (:func:`_host_limit`, the one the eager path takes) on the concrete
-    arguments and outputs, through ``jax.pure_callback``. Only for a plain ``jax.grad(loss)``;
-    for any other program nothing is added.
-
-    The callback sits in a loop that runs only when an output is non-finite (:func:`_guarded`),
-    so a finite step never leaves the device, under ``vmap`` too. A ``custom_jvp`` passes the
-    tangents of ``outs`` through, so differentiating the program never reaches the callback
-    (pure callbacks have no JVP rule)."""
-    kwargs = jax.tree_util.tree_unflatten(in_tree, list(flat))[1]
-    checked = [i for i, o in enumerate(outs) if _is_float_array(o)]
-    if not _plain_grad(fun, kwargs) or not checked:
-        return outs
-    if any(isinstance(x, jax.core.Tracer) and not _callback_operand(x) for x in flat):
-        return outs  # a traced key (an extended dtype) cannot be sent to the host
-    pos = [i for i, x in enumerate(flat) if _callback_operand(x)]
-    static = [None if i in pos else x for i, x in enumerate(flat)]  # no tracer kept
-    shapes = [jax.ShapeDtypeStruct(np.shape(o), jnp.result_type(o)) for o in outs]
-    n = len(pos)
-
-    def host(*vals):
-        return _host_outputs(fun, in_tree, static, pos, out_tree, vals[:n], vals[n:])
-
-    def to_host(ops, os):
-        return list(jax.pure_callback(host, shapes, *ops, *os, vmap_method="sequential"))
-
-    fixed = jax.custom_jvp(_guarded(to_host, checked))
-
-    @fixed.defjvp
-    def _fixed_jvp(primals, tangents):
-        ops, os = primals
-        return fixed(ops, os), list(tangents[1])
-
-    return fixed([flat[i] for i in pos], list(outs))
-
-
-def _guarded(to_host: Callable, checked: list) -> Callable:
-    """``(ops, outs) -> outs``: ``outs`` unchanged when its float entries (``checked``) are
-    all finite, else ``to_host(ops, outs)``. Under ``vmap`` the test would be batched (a
-    select, or a loop over every element of every batch, each calling the host); the batching
-    rule instead tests the whole batch once and, when something is non-finite, loops over the
-    elements (``lax.map``) with this same test per element, so only the non-finite elements
-    reach the host, each with its own arguments (recursively for nested vmaps)."""
-
-    def finite(os):  # guard's test: one fused sum(x * 0) per output, no extra pass
-        return _finite_flag([os[i] for i in checked])
-
-    @jax.custom_batching.custom_vmap
-    def fixed(ops, os):
-        # a loop run at most once rather than a cond: a cond's identity branch copies every
-        # output, a while loop's state keeps the outputs' buffers (the copy is in the body)
-        return lax.while_loop(
-            lambda s: ~s[0], lambda s: (True, to_host(ops, s[1])), (finite(os), list(os))
-        )[1]
-
-    @fixed.def_vmap
-    def _batched(size, in_batched, ops, os):
-        ops_b, os_b = in_batched
-        os = [o if b else jnp.broadcast_to(o, (size, *np.shape(o))) for o, b in zip(os, os_b)]
-
-        def each(ops, os):
-            def one(sl):
-                it = iter(sl[0])
-                return fixed([next(it) if b else o for o, b in zip(ops, ops_b)], sl[1])
-
-            return lax.map(one, ([o for o, b in zip(ops, ops_b) if b], os))
-
-        return _guarded(each, checked)(ops, os), [True] * len(os)
-
-    return fixed
-
-
-def _host_outputs(fun: Callable, in_tree, static: list, pos: list, out_tree, ops, outs) -> tuple:
-    """The callback of :func:`_limit_in_program`, on the host: rebuild the arguments (the
-    leaves at ``pos`` are the callback's operands ``ops``, the others ``static``), take the
-    host decision and return the certified gradient in the outputs' dtypes and shapes, or the
-    outputs unchanged when there is no certified number. Never raises (an exception inside a
-    pure callback is undefined behaviour under jit): a failure keeps the outputs."""
-    outs = [np.asarray(o) for o in outs]
-    try:
-        leaves = list(static)
-        for i, v in zip(pos, ops):
-            leaves[i] = v
-        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
-        limit = _host_limit(fun, args, kwargs, jax.tree_util.tree_unflatten(out_tree, outs))
-        if limit is None:
-            return tuple(outs)
-        got = jax.tree_util.tree_leaves(limit[0])
-        if len(got) != len(outs):
-            return tuple(outs)
-        return tuple(np.asarray(g, dtype=o.dtype).reshape(o.shape) for g, o in zip(got, outs))
-    except Exception:
-        return tuple(outs)

@@ -49,3 +49,26 @@ def params_for(prim_name: str, params: dict) -> dict:
     if prim_name == "integer_pow":
         return {"y": params.get("y")}
     return {}
+
+
+# -- nansafe ---------------------------------------------------------------------------------
+# the forward primitive a backward 0 * inf (or 0 / 0) comes from -> its catalog entry
+NANSAFE_ENTRY: dict[str, str] = {
+    "sqrt": "sqrt-at-zero",
+    "rsqrt": "rsqrt-at-zero",
+    "cbrt": "cbrt-at-zero",
+    "pow": "pow-fractional-at-zero",
+    "integer_pow": "integer-pow-negative-at-zero",
+    "div": "div-by-zero",
+    "log": "log-at-zero",
+    "log1p": "log1p-at-minus-one",
+    "acos": "acos-at-one",
+    "asin": "asin-at-one",
+    "atanh": "atanh-at-one",
+    "acosh": "acosh-at-one",
+    "tan": "tan-at-pole",
+    "atan2": "atan2-at-origin",
+    "lgamma": "lgamma-at-pole",
+    "digamma": "digamma-at-pole",
+    "erf_inv": "erf-inv-at-one",
+}

@@ -24,14 +24,16 @@ import numpy as np
 from jax.extend import core as jcore
 
 from .. import _catalog
-from .._catalog._classify import classify, format_value, kink_mask
+from .._catalog._classify import classify
+from .._catalog._masks import kink_mask
 from .._report import Finding, Frame, Report
 from .._report._build import catalog_finding
+from .._report._format import format_value
 from ._call import arg_labels, check_args, check_callable, flatten_call
 from ._compat import bind as _bind
 from ._compat import closed as _closed
 from ._explain import diagnose
-from ._guard import _host_flag
+from ._flags import host_flag as _host_flag
 from ._source import exclude_gradsan, place
 from .interpreter._core import _is_library_body
 from .interpreter._core import library_name as _library_name
@@ -978,7 +980,7 @@ def _window_spread(k: Kink, tx: np.ndarray) -> np.ndarray:
         if k.params.get("reverse"):
             d = d[..., ::-1]
         return np.moveaxis(d, -1, axis)
-    from .._catalog._classify import _windows
+    from .._catalog._masks import windows as _windows
 
     use_min = k.op.endswith("min")
     w = _windows(x, k.params, np.inf if use_min else -np.inf)

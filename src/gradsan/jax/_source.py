@@ -13,9 +13,9 @@ import sys
 
 from .._report import Frame
 from .._report._frames import frame_at
+from .._userfile import GRADSAN_DIR, is_gradsan_file, is_user_file
 
 _SEP = os.sep
-_GRADSAN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Libraries: frames inside them are never "the user's line"; their functions can be named.
 _LIBRARIES = {
@@ -60,44 +60,19 @@ _PLUMBING = (
 )
 
 
-def _package_dirs(*names: str) -> tuple[str, ...]:
-    import importlib.util
-
-    dirs = []
-    for n in names:
-        try:
-            spec = importlib.util.find_spec(n)
-        except (ImportError, ValueError):
-            continue
-        if spec is not None and spec.submodule_search_locations:
-            dirs += [os.path.join(d, "") for d in spec.submodule_search_locations]
-    return tuple(dirs)
-
-
-_PACKAGE_DIRS = _package_dirs("jax", "jaxlib", "numpy", "ml_dtypes")
-_NOT_USER = (
-    f"{_SEP}site-packages{_SEP}",
-    f"{_SEP}dist-packages{_SEP}",
-    f"{_SEP}lib{_SEP}python3",
-    "<frozen ",
-)
-
-
 @functools.lru_cache(maxsize=4096)
 def _file_class(filename: str) -> str:
-    """'user', 'library:<prefix>', 'plumbing' or 'internal'."""
-    if filename.startswith(_GRADSAN_DIR):
-        # the demo gallery is written as user code and reported as such
-        return "user" if filename.endswith("demo_cases.py") else "plumbing"
+    """'user', 'library:<prefix>', 'plumbing' or 'internal' (gradsan/_userfile.py decides
+    what is the user's; this adds jax's own machinery and the libraries that can be named)."""
+    if is_gradsan_file(filename):
+        return "plumbing"
     for pat in _PLUMBING:
         if pat in filename:
             return "plumbing"
     for pat, prefix in _LIBRARIES.items():
         if pat in filename:
             return "library:" + prefix
-    if filename.startswith(_PACKAGE_DIRS) or any(p in filename for p in _NOT_USER):
-        return "internal"
-    return "user"
+    return "user" if is_user_file(filename) else "internal"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +146,7 @@ def exclude_gradsan() -> None:
     try:
         from jax.extend import source_info_util as siu
 
-        siu.register_exclusion(_GRADSAN_DIR)
+        siu.register_exclusion(GRADSAN_DIR.rstrip(os.sep))
     except Exception:  # pragma: no cover
         pass
 
@@ -222,7 +197,7 @@ def custom_vjp_rule_frame(call_site: Frame, prim: str) -> Frame | None:
         obj = getattr(obj, part, None)
     bwd = getattr(obj, "bwd", None)
     code = getattr(bwd, "__code__", None)
-    if code is None:
+    if bwd is None or code is None:
         return None
     try:
         lines, first = inspect.getsourcelines(bwd)

@@ -3,17 +3,21 @@ non-finite value was born, in the user's own lines."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from .. import _catalog
 from .._catalog import _classify
 from .._errors import UsageError
-from .._report import Finding, OutputHit, Report
-from .._report._build import catalog_finding
+from .._events import Note, Origin, Poison
+from .._report import OutputHit, Report, _messages
+from .._report._build import build
 from . import _rules
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
 from ._source import user_frame_object
@@ -150,49 +154,57 @@ def _scope(tag: Tag | None, paths: dict[int, str]) -> str:
     return paths.get(id(m), type(m).__name__) if m is not None else ""
 
 
-def finding_for(
+def _got_value(tag: Tag, hit: _classify.Hit) -> float | None:
+    """The operand value behind ``hit.got`` (at its first index), as a number."""
+    try:
+        operands = [o for o in tag.operands if o is not None]
+        a = np.asarray(_rules.to_numpy(operands[hit.operand]))
+        v = np.broadcast_to(a, hit.mask.shape)[hit.first_index] if hit.mask.ndim else a
+        return float(np.real(v))
+    except (IndexError, ValueError, TypeError):
+        return None
+
+
+def origin_event(
     root: Event | External,
-    poison: Event | None,
+    poison: Event | External | None,
     consumer: Event | None,
     phase: str,
     outputs: list[OutputHit],
     result: str,
     namer: Namer,
     paths: dict[int, str],
-) -> Finding:
+    *,
+    unresolved: bool = False,
+) -> Origin:
+    """What the tracer saw at one origin, as a text-free event."""
     if isinstance(root, External):
         t = root.tensor
         count, size, idx = _nonfinite_stats(t)
         tag = consumer.tag if consumer is not None else None
-        name = namer.name(t)
-        values = f"`{name}` ({_result(t)} in {count} of {size} elements"
-        values += f", first at [{', '.join(map(str, idx))}])" if size > 1 else ")"
-        f = catalog_finding(
+        return Origin(
             backend=BACKEND,
-            entry_id="nonfinite-input",
-            phase=phase,
-            primitive="input",
+            op="input",
             where=tag.frame if tag else None,
+            phase=phase,
             result=result,
+            entry_id="nonfinite-input",
             backend_op=tag.name if tag else "",
             count=count,
             size=size,
             index=idx,
+            dtype=str(t.dtype),
             scope=_scope(tag, paths),
-            outputs=outputs,
-            detail={"input": name},
+            outputs=tuple(outputs),
+            input=namer.name(t),
+            held=_result(t),
+            unresolved=unresolved,
         )
-        f.values = values
-        return f
     tag = root.tag
     hit = _hit(tag)
     entry_id = hit.entry_id if hit else None
-    library = None
-    if tag is not None and tag.library:
-        library = tag.library
+    library = tag.library if tag is not None and tag.library else None
     if entry_id is None and tag is not None:
-        from .. import _catalog
-
         lib = _catalog.for_library(tag.library or tag.name)
         if lib is not None:
             entry_id = lib.id
@@ -200,45 +212,66 @@ def finding_for(
     if tag is not None and tag.op in ("reduce_max", "reduce_min", "select_n"):
         primitive = tag.name
     if root.phase == "backward":
-        backend_op = f"{root.op} in {root.node.name()}"
+        backend_op = root.op
     else:
         backend_op = tag.qualname if tag and tag.qualname else root.op
-    if hit is not None:
+    got: str | None = None
+    got_value = None
+    if hit is not None and tag is not None:
         got, count, size, idx = hit.got, hit.count, int(hit.mask.size), hit.first_index
+        got_value = _got_value(tag, hit)
     else:
         count, size, idx = _nonfinite_stats(root.out)
-        got = None
-    detail: dict[str, Any] = {}
-    if root.node is not None:
-        detail["node"] = root.node.name()
-    if hit is not None and got is not None and tag is not None and tag.op == "sqrt":
-        detail.setdefault("note", "its derivative is inf there")
-    form = zero_from = met_op = None
-    if poison is not None and poison.form:
-        form = poison.form
-        zero_from = poison.zero_from
-        met_op = f"{poison.op} in {poison.node.name()}" if poison.node is not None else poison.op
-        detail["met_text"] = f"{form} = NaN in {met_op}"
-    return catalog_finding(
+    sqrt_note = hit is not None and got is not None and tag is not None and tag.op == "sqrt"
+    p = None
+    if isinstance(poison, Event) and poison.form:
+        p = Poison(
+            op=poison.op,
+            where=None,
+            form=poison.form,
+            node=poison.node.name() if poison.node is not None else None,
+            zero_from=poison.zero_from,
+            index=poison.index,
+        )
+    return Origin(
         backend=BACKEND,
-        entry_id=entry_id,
-        phase=phase,
-        primitive=primitive,
+        op=primitive,
         where=tag.frame if tag else None,
+        phase=phase,
         result=result,
+        entry_id=entry_id,
         backend_op=backend_op,
         got=got,
+        got_value=got_value,
         count=count,
         size=size,
         index=idx,
+        dtype=str(root.out.dtype),
         library=library,
-        zero_from=zero_from,
-        form=form,
-        met_op=met_op,
         scope=_scope(tag, paths),
-        outputs=outputs,
-        detail=detail,
+        outputs=tuple(outputs),
+        node=root.node.name() if root.node is not None else None,
+        note=Note.DERIVATIVE_IS if sqrt_note else None,
+        note_value="inf",
+        poison=p,
+        unresolved=unresolved,
     )
+
+
+@dataclasses.dataclass(eq=False)
+class _Group:
+    """The outputs one origin reached, in one phase."""
+
+    root: Event | External
+    poison: Event | External | None
+    consumer: Event | None
+    phase: str
+    result: str
+    outputs: list[OutputHit] = dataclasses.field(default_factory=list)
+
+    def add(self, hit: OutputHit) -> None:
+        if all(o.path != hit.path for o in self.outputs):
+            self.outputs.append(hit)
 
 
 def build_report(
@@ -247,34 +280,27 @@ def build_report(
     *,
     modules: list[tuple[Any, str]],
     namer: Namer,
-    extra_leaves: list[torch.Tensor] = (),  # type: ignore[assignment]
+    extra_leaves: Sequence[torch.Tensor] = (),
+    unresolved: bool = False,
 ) -> Report:
+    """Blame every non-finite loss and gradient the tracer saw; one finding per origin.
+    ``unresolved``: nansafe ran, so a non-finite gradient is one it left as it is."""
     mods = list(modules) + [(m, n) for m, n in tracer.roots if all(m is not x for x, _ in modules)]
     namer.add_modules(mods)
     paths = namer.module_paths(mods)
-    groups: dict[tuple[int, str], dict[str, Any]] = {}
+    groups: dict[tuple[int, str], _Group] = {}
     order: list[tuple[int, str]] = []
 
     def add(start: Event | External, phase: str, hit: OutputHit, result: str) -> None:
-        for root, poison, consumer in blame3(tracer, start):
+        for root, poison, consumer in origins_of(tracer, start):
             k = (_root_key(root), phase)
             g = groups.get(k)
             if g is None:
-                g = groups[k] = {
-                    "root": root,
-                    "poison": poison,
-                    "consumer": consumer,
-                    "outputs": [],
-                    "result": result,
-                    "phase": phase,
-                    "paths": set(),
-                }
+                g = groups[k] = _Group(root, poison, consumer, phase, result)
                 order.append(k)
-            if hit.path not in g["paths"]:
-                g["paths"].add(hit.path)
-                g["outputs"].append(hit)
+            g.add(hit)
             if result == "nan":
-                g["result"] = "nan"
+                g.result = "nan"
 
     # value phase: the loss that backward was called on (or that fn returned)
     value_roots: set[int] = set()
@@ -287,7 +313,7 @@ def build_report(
             start = tracer.producer_of(loss) or External(loss)
             name = namer.names.get(id(loss), "loss")
             add(start, "value", output_hit(name, loss), _result(loss))
-            value_roots.update(_root_key(r) for r, _, _ in blame3(tracer, start))
+            value_roots.update(_root_key(r) for r, _, _ in origins_of(tracer, start))
     # gradient phase: every leaf the backward reached
     leaves: dict[int, torch.Tensor] = dict(tracer.leaves)
     for t in extra_leaves:
@@ -295,46 +321,41 @@ def build_report(
     for m, _ in mods:
         for p in m.parameters():
             leaves.setdefault(id(p), p)
-    unexplained = []
+    unexplained: list[OutputHit] = []
     for t in leaves.values():
-        g = t.grad
-        if g is None or not g.is_floating_point() or all_finite(g):
+        grad = t.grad
+        if grad is None or not grad.is_floating_point() or all_finite(grad):
             continue
-        start = tracer.producer_of(g)
-        hit = output_hit(namer.name(t), g)
-        if start is None:
+        producer = tracer.producer_of(grad)
+        hit = output_hit(namer.name(t), grad)
+        if producer is None:
             unexplained.append(hit)
             continue
-        for root, _, _ in blame3(tracer, start):
+        for root, _, _ in origins_of(tracer, producer):
             if _root_key(root) in value_roots:  # the same origin already explains the loss
-                for k in order:
-                    if k == (_root_key(root), "value"):
-                        if hit.path not in groups[k]["paths"]:
-                            groups[k]["paths"].add(hit.path)
-                            groups[k]["outputs"].append(hit)
+                k = (_root_key(root), "value")
+                if k in groups:
+                    groups[k].add(hit)
                 break
         else:
-            add(start, "gradient", hit, _result(g))
+            add(producer, "gradient", hit, _result(grad))
     for k in order:
         g = groups[k]
-        report.findings.append(
-            finding_for(
-                g["root"],
-                g["poison"],
-                g["consumer"],
-                g["phase"],
-                g["outputs"],
-                g["result"],
-                namer,
-                paths,
-            )
+        ev = origin_event(
+            g.root,
+            g.poison,
+            g.consumer,
+            g.phase,
+            g.outputs,
+            g.result,
+            namer,
+            paths,
+            unresolved=unresolved and g.phase == "gradient",
         )
+        report.findings.append(build(ev))
     if unexplained:
         names = ", ".join(f"`{h.path}`" for h in unexplained[:5])
-        report.notes.append(
-            f"the gradient of {names} is non-finite but gradsan did not see the operation that "
-            "produced it (was backward run outside the explain block, or under torch.compile?)"
-        )
+        report.notes.append(_messages.UNSEEN_GRADIENT_TORCH.format(names=names))
     return report
 
 
@@ -345,13 +366,11 @@ def _root_key(root: Event | External) -> int:
     return id(root)
 
 
-def blame3(tracer: Tracer, start: Event | External):
-    pairs = tracer.blame(start)
-    out = []
-    for root, poison in pairs:
-        consumer = _consumer_of(tracer, start, root)
-        out.append((root, poison, consumer))
-    return out
+def origins_of(
+    tracer: Tracer, start: Event | External
+) -> list[tuple[Event | External, Event | External | None, Event | None]]:
+    """(origin, poison, the first event that read an external origin) of a non-finite value."""
+    return [(r, p, _consumer_of(tracer, start, r)) for r, p in tracer.origins(start)]
 
 
 def _consumer_of(tracer: Tracer, start: Event | External, root: Event | External) -> Event | None:
@@ -380,6 +399,7 @@ class _Session:
 
     kinks = False
     function = "the with-block"
+    unresolved = False  # nansafe: a non-finite gradient is one it left as it is
 
     def __init__(self, module: Any = None, *, _caller_depth: int = 3) -> None:
         self.modules = check_modules(module)
@@ -412,6 +432,7 @@ class _Session:
             modules=self.modules,
             namer=self.namer,
             extra_leaves=self.extra_leaves,
+            unresolved=self.unresolved,
         )
 
 

@@ -9,7 +9,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -28,7 +28,7 @@ def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [p.grad for p in params if p.grad is not None and p.grad.is_floating_point()]
 
 
-def _finite(grads: list[torch.Tensor], extra: list[torch.Tensor] = ()) -> bool:  # type: ignore[assignment]
+def finite(grads: list[torch.Tensor], extra: list[torch.Tensor] = ()) -> bool:  # type: ignore[assignment]
     """The fast path: one fused reduction over all gradients (and the loss), one sync per
     device and dtype."""
     ok = True
@@ -135,15 +135,15 @@ class _StepCheck:
         self.checked = True
         if self.replaying:
             # the replay stops before any update: gradients are what it explains
-            if not _finite(_grads(_opt_params(opt))):
+            if not finite(_grads(_opt_params(opt))):
                 raise _Abort()
             return
-        if not _finite(_grads(_opt_params(opt))):
+        if not finite(_grads(_opt_params(opt))):
             self.failed = opt
             raise _Abort()
 
 
-def _failure_report(function: str, hits: list, notes: list[str]) -> Report:
+def failure_report(function: str, hits: list, notes: list[str]) -> Report:
     report = Report(backend=BACKEND, function=function)
     report.findings.append(
         Finding(
@@ -208,11 +208,11 @@ class guard:
         for m, _ in self.modules:
             for p in m.parameters():
                 ps.setdefault(id(p), p)
-        for p in self.params:
-            ps.setdefault(id(p), p)
+        for t in self.params:
+            ps.setdefault(id(t), t)
         for o in self.opts:
-            for p in _opt_params(o):
-                ps.setdefault(id(p), p)
+            for t in _opt_params(o):
+                ps.setdefault(id(t), t)
         for a in list(args) + list(kwargs.values()):
             if isinstance(a, torch.nn.Module):
                 for p in a.parameters():
@@ -239,7 +239,7 @@ class guard:
         if check.failed is None:
             losses = [t for t in _returned_losses(out)]
             grads = [] if check.checked else _grads(self._watched(args, kwargs))
-            if _finite(grads, losses):
+            if finite(grads, losses):
                 return out
         self._replay(args, kwargs, rng, cuda_rng)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -264,7 +264,7 @@ class guard:
             with _eager(), _StepCheck(replaying=True), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
                 try:
-                    out = self.step(*args, **kwargs)
+                    out = self.step(*args, **kwargs)  # type: ignore[misc]  # checked in __call__
                 except _Abort:
                     pass
             if tracer.backward_calls == 0:
@@ -305,7 +305,7 @@ class guard:
         self._ctx.append(check)
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         check = self._ctx.pop()
         check.__exit__(exc_type, exc, tb)
         if exc_type is not None and not issubclass(exc_type, _Abort):
@@ -313,7 +313,7 @@ class guard:
         watched = self._watched((), {})
         if check.failed is not None:
             watched += [p for p in _opt_params(check.failed)]
-        if exc_type is None and (check.checked or _finite(_grads(watched))):
+        if exc_type is None and (check.checked or finite(_grads(watched))):
             return False
         namer = Namer()
         namer.add_modules(self.modules)
@@ -322,7 +322,7 @@ class guard:
             for p in watched
             if p.grad is not None and not all_finite(p.grad)
         ]
-        report = _failure_report(
+        report = failure_report(
             "the with-block",
             hits,
             [

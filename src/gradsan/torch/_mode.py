@@ -1,6 +1,6 @@
 """The tracer: one TorchFunctionMode (forward: tag each autograd Node with the user's frame) and
-one TorchDispatchMode (backward: see each aten op and the Node it belongs to), plus the
-dataflow blame that turns what they saw into events for the report.
+one TorchDispatchMode (backward: see each aten op and the Node it belongs to), and the graph of
+non-finite values they saw, which gradsan/_blame.py walks.
 
 Only non-finite tensors are kept alive. Tensors are keyed by identity
 ``(data_ptr, shape, stride, dtype)``, which survives the ``detach`` that AccumulateGrad does.
@@ -18,6 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .._blame import Blame
 from .._report import Frame
 from . import _rules
 from ._source import user_frame, user_frame_object
@@ -170,7 +171,7 @@ class Tracer:
         self._fmode = _FunctionMode(self)
         self._dmode_on = False
         self._hooks: list[Any] = []
-        self._blame_memo: dict[int, dict[int, tuple[Any, Any]]] = {}
+        self._blame: Blame[Event | External, Event | External] = Blame(_Dataflow())
         self._blame_stamp: tuple[int, int] = (-1, -1)
 
     # -- lifetime -----------------------------------------------------------------------------
@@ -233,7 +234,7 @@ class Tracer:
         for t in outs:
             gf = t.grad_fn
             if gf is not None:
-                md = gf.metadata
+                md: dict = gf.metadata  # type: ignore[assignment]  # a dict; stubs say a method
                 if "gradsan" not in md:
                     if tag is None:
                         tag = self._make_tag(func, name, op, args, kwargs)
@@ -243,7 +244,7 @@ class Tracer:
                         if edges:
                             md["gradsan_sz"] = edges
                     self._tag_inner(gf, tag)
-        if self.kinks and op in _rules.KINK_IDS:
+        if self.kinks and op in _rules.KINK_OPS:
             if tag is None:
                 tag = self._make_tag(func, name, op, args, kwargs)
             self.kink_hits.append((tag, name, _rules.operands_for(name, args, kwargs)))
@@ -416,23 +417,22 @@ class Tracer:
         idx = _first_index(nan)
         ev.index = idx
         ops = [a for a in args if isinstance(a, torch.Tensor) and is_float(a)]
-        vals = []
+        vals: list[float | None] = []
         for a in ops:
             try:
                 vals.append(torch.broadcast_to(a, ev.out.shape)[idx].item() if idx else a.item())
             except (RuntimeError, ValueError):
                 vals.append(None)
-        import math
-
         zero_i = None
-        if base.startswith("div") and len(vals) >= 2 and None not in vals[:2]:
-            if vals[0] == 0 and vals[1] == 0:
+        num, den = (vals + [None, None])[:2]
+        if base.startswith("div") and num is not None and den is not None:
+            if num == 0 and den == 0:
                 ev.form, zero_i = "0/0", 0
-            elif math.isinf(vals[0]) and math.isinf(vals[1]):
+            elif math.isinf(num) and math.isinf(den):
                 ev.form = "inf/inf"
             else:
                 ev.form = "0*inf"
-                zero_i = 0 if vals[0] == 0 else None
+                zero_i = 0 if num == 0 else None
         elif any(base.startswith(p) for p in _PRODUCTS):
             ev.form = "0*inf"
             for i, v in enumerate(vals):
@@ -456,57 +456,41 @@ class Tracer:
         k = key(t)
         return self.events.get(k) or self.fwd.get(k)
 
-    def blame(self, start: Event | External) -> list[tuple[Event | External, Event | None]]:
-        """Walk the dataflow back from a non-finite output to the operations that created the
-        non-finite values from finite inputs. Returns (root, poison) pairs: the poison of a
-        root is the first event that made a NaN on the path from the root to ``start``.
-
-        Memoized per event, so blaming every gradient of a model costs one walk of the graph."""
-        if isinstance(start, External):
-            return [(start, None)]
+    def origins(
+        self, start: Event | External
+    ) -> list[tuple[Event | External, Event | External | None]]:
+        """(origin, poison) pairs of a non-finite value: see gradsan/_blame.py. The memo is
+        kept until the tracer records another event."""
         stamp = (len(self.events), len(self.fwd))
         if self._blame_stamp != stamp:
-            self._blame_memo = {}
+            self._blame.clear()
             self._blame_stamp = stamp
-        memo: dict[int, dict[int, tuple[Any, Any]]] = self._blame_memo
-        open_: set[int] = set()
-        stack: list[tuple[Any, bool]] = [(start, False)]
-        while stack:
-            ev, done = stack.pop()
-            i = id(ev)
-            if i in memo:
-                continue
-            if isinstance(ev, External):
-                memo[i] = {i: (ev, None)}
-                continue
-            if not ev.inputs:
-                memo[i] = {i: (ev, ev if ev.nan_new else None)}
-                continue
-            if not done:
-                if i in open_:  # a cycle (cannot happen in a dataflow graph): cut it
-                    continue
-                open_.add(i)
-                stack.append((ev, True))
-                for _, prod in ev.inputs:
-                    if id(prod) not in memo:
-                        stack.append((prod, False))
-                continue
-            open_.discard(i)
-            res: dict[int, tuple[Any, Any]] = {}
-            own = ev if ev.nan_new else None
-            # the last input first, as a depth-first walk from ``start`` meets them
-            for _, prod in reversed(ev.inputs):
-                sub = memo.get(id(prod))
-                if sub is None:
-                    continue
-                for ri, (r, poison) in sub.items():
-                    if own is not None and getattr(r, "intentional", False):
-                        res.setdefault(i, (ev, None))  # born here, from intentional infs
-                        continue
-                    if ri not in res:
-                        res[ri] = (r, poison if poison is not None else own)
-            memo[i] = res
-        return list(memo[id(start)].values())
+        return self._blame.origins(start)
+
+
+class _Dataflow:
+    """The tracer's events as the node protocol of gradsan/_blame.py."""
+
+    @staticmethod
+    def key(v: Event | External) -> int:
+        return id(v)
+
+    @staticmethod
+    def children(v: Event | External) -> list[Event | External]:
+        # the last input first, as a depth-first walk from the output meets them
+        return [] if isinstance(v, External) else [p for _, p in reversed(v.inputs)]
+
+    @staticmethod
+    def is_poison(v: Event | External) -> bool:
+        return isinstance(v, Event) and v.nan_new
+
+    @staticmethod
+    def is_intentional(r: Event | External) -> bool:
+        return isinstance(r, Event) and r.intentional
+
+    @staticmethod
+    def record(v: Event | External) -> Event | External:
+        return v
 
 
 def _tag_of(node: Any) -> Tag | None:

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .._report._build import catalog_finding
+from .._events import Repair, Rule
+from .._report._build import build
 from . import _rules
 from ._explain import BACKEND, _hit, _scope, explain
 from ._mode import Tag, Tracer
@@ -123,7 +124,8 @@ class _Repairer:
             n = ready.pop()
             s = sz.get(id(n))
             stem = _rules.node_stem(n.name())
-            edges = n.metadata.get("gradsan_sz", {}) if hasattr(n, "metadata") else {}
+            md: dict = n.metadata if hasattr(n, "metadata") else {}  # type: ignore[assignment]  # a dict; stubs say a method
+            edges = md.get("gradsan_sz", {})
             masks: dict[int, torch.Tensor] = {}
             for k, (c, _) in enumerate(n.next_functions):
                 if c is None:
@@ -196,6 +198,7 @@ class nansafe(explain):
     """
 
     nansafe = True
+    unresolved = True
 
     def __enter__(self):
         report = super().__enter__()
@@ -209,37 +212,22 @@ class nansafe(explain):
     def finish(self, tracer: Tracer) -> None:
         self.repairer.remove()
         super().finish(tracer)
-        for f in self.report.findings:
-            if f.kind == "nonfinite" and f.phase == "gradient":
-                f.kind = "unresolved"
-                f.detail["why_unresolved"] = (
-                    "the zero that met the inf is not structural (it vanishes only at this "
-                    "point), so 0 * inf has no single value here; gradsan leaves it NaN"
-                )
-        paths: dict[int, str] = {}
         by_node: dict[int, list] = {}
         for tag, node, n, name in self.repairer.repairs:
             e = by_node.setdefault(id(node), [tag, node, 0, name])
             e[2] += n
         for tag, _node, n, name in by_node.values():
             hit = _hit(tag)
-            f = catalog_finding(
+            ev = Repair(
                 backend=BACKEND,
-                entry_id=hit.entry_id if hit else None,
-                kind="resolved",
-                phase="gradient",
-                primitive=(tag.op or tag.name) if tag else name,
+                rule=Rule.STRUCTURAL,
+                op=(tag.op or tag.name) if tag else name,
                 where=tag.frame if tag else None,
-                result="finite",
                 backend_op=name,
+                entry_id=hit.entry_id if hit else None,
                 count=n,
-                size=hit.mask.size if hit else 0,
-                scope=_scope(tag, paths),
-                detail={
-                    "rule": "structural zero: 0 * inf := 0 on a path that contributes "
-                    "exactly 0 near this point",
-                    "repaired": n,
-                },
+                size=int(hit.mask.size) if hit else 0,
+                scope=_scope(tag, {}),
+                node=name,
             )
-            f.values = f"{n} element(s) of the gradient set to exactly 0 at {name}"
-            self.report.findings.append(f)
+            self.report.findings.append(build(ev))

@@ -1,8 +1,7 @@
 """torch function / autograd Node -> canonical catalog op, and the operand values to classify.
 
-Backends only map names here; the mathematics (explanations, fixes, the singular sets of the
-singular ops) is in gradsan._catalog. The kink masks below are fallbacks used only when the
-catalog has no predicate for that op yet.
+Backends only map names here; the mathematics (explanations, fixes, the singular and kink
+sets, which conventions are admissible) is in gradsan._catalog.
 """
 
 from __future__ import annotations
@@ -12,6 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from .. import _catalog
+from .._catalog import _ops
 
 # torch function name (``func.__name__`` as a TorchFunctionMode sees it) -> canonical op.
 FUNC_OPS: dict[str, str] = {
@@ -118,28 +120,14 @@ NODE_OPS: dict[str, str] = {
     "Abs": "abs",
 }
 
-# Kink ops: canonical op -> catalog id (used by sanitize).
-KINK_IDS: dict[str, str] = {
-    "abs": "abs-at-zero",
-    "relu": "relu-at-zero",
-    "max": "max-tie",
-    "min": "max-tie",
-    "reduce_max": "max-tie",
-    "reduce_min": "max-tie",
-    "argmax": "max-tie",
-    "sort": "sort-tie",
-    "top_k": "sort-tie",
-    "clamp": "clip-at-bound",
-    "sign": "sign-at-zero",
-    "floor": "floor-round-at-jump",
-    "ceil": "floor-round-at-jump",
-    "round": "floor-round-at-jump",
-    "atan2": "atan2-at-origin",
-    "select_n": "where-at-boundary",
-    "det": "det-at-singular",
-}
-# Conventions PyTorch picks outside the admissible set (reported as kind "convention").
-INADMISSIBLE = {"atan2", "det"}
+# The canonical ops sanitize records for kinks: the catalog's kinks that torch maps, the ops
+# where PyTorch's convention is inadmissible (det), and select_n (torch.where, whose kink is
+# at the boundary of the comparison it selects on).
+KINK_OPS: frozenset[str] = frozenset(
+    op
+    for op in set(FUNC_OPS.values())
+    if op in _ops.KINKS or any("torch" in e.inadmissible for e in _catalog.by_op(op))
+) | {"select_n"}
 
 # Comparisons whose boolean output a `where` may select on.
 COMPARISONS = {
@@ -335,67 +323,3 @@ def to_numpy(v: Any) -> Any:
             return t.cpu().resolve_conj().numpy()
         return t.cpu().numpy()
     return np.asarray(v)
-
-
-# ---- fallback kink masks (only used when the catalog has no predicate for the op) ----------
-
-
-def _ties_along(x: np.ndarray, dim: int | None, largest: bool = True) -> np.ndarray:
-    """Mask of the elements that tie with the extreme value along ``dim`` (ties only)."""
-    if x.ndim == 0:
-        return np.zeros((), bool)
-    ext = x.max(axis=dim, keepdims=True) if largest else x.min(axis=dim, keepdims=True)
-    eq = x == ext
-    n = eq.sum(axis=dim, keepdims=True)
-    return eq & (n > 1)
-
-
-def kink_mask(op: str, operands: Sequence[Any], params: dict) -> tuple[np.ndarray, int] | None:
-    """(mask over the operand shape, index of the operand whose values are quoted)."""
-    vals = [None if o is None else to_numpy(o) for o in operands]
-    if not vals or vals[0] is None and op != "clamp":
-        return None
-    x = vals[0]
-    with np.errstate(all="ignore"):
-        if op in ("abs", "relu", "sign"):
-            return x == 0, 0
-        if op in ("max", "min") or (
-            op in ("reduce_max", "reduce_min") and params.get("elementwise")
-        ):
-            if len(vals) < 2 or vals[1] is None:
-                return None
-            m = np.asarray(vals[0]) == np.asarray(vals[1])
-            return np.broadcast_to(m, np.broadcast_shapes(np.shape(vals[0]), np.shape(vals[1]))), 0
-        if op in ("reduce_max", "argmax", "sort", "top_k"):
-            dim = params.get("dim")
-            largest = params.get("largest", True)
-            if op == "sort":
-                # any two equal values along dim are a tie for sort
-                xs = np.sort(x, axis=dim if dim is not None else -1)
-                d = np.diff(xs, axis=dim if dim is not None else -1) == 0
-                return (np.asarray(d.any()) & np.ones(x.shape, bool)), 0
-            return _ties_along(x, dim, largest), 0
-        if op == "reduce_min":
-            return _ties_along(x, params.get("dim"), largest=False), 0
-        if op == "clamp":
-            lo, xx, hi = vals
-            m = np.zeros(np.shape(xx), bool)
-            if lo is not None:
-                m = m | (xx == lo)
-            if hi is not None:
-                m = m | (xx == hi)
-            return m, 1
-        if op in ("floor", "ceil"):
-            return x == np.floor(x), 0
-        if op == "round":
-            return np.abs(x - np.floor(x)) == 0.5, 0
-        if op == "atan2":
-            if len(vals) < 2:
-                return None
-            y, xx = np.broadcast_arrays(vals[0], vals[1])
-            return (y == 0) & (xx == 0), 0
-        if op == "det":
-            a = np.asarray(x, dtype=np.float64)
-            d = np.linalg.det(a)
-            return np.broadcast_to(np.asarray(d == 0), np.shape(d)), 0
-    return None

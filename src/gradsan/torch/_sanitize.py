@@ -3,23 +3,24 @@ through, with the convention PyTorch chose there (and a flag when it is not admi
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from .. import _catalog
 from .._catalog import _classify
-from .._report import Finding
-from .._report._build import catalog_finding
+from .._catalog._types import CONVENTION_KINDS
+from .._events import Kink
+from .._report import _messages
+from .._report._build import build
 from . import _rules
 from ._explain import BACKEND, Namer, _scope, explain
 from ._mode import Tag, Tracer
 
 
-def _kink_finding(
+def kink_event(
     tracer: Tracer, tag: Tag, name: str, operands: list, params: dict, paths: dict[int, str]
-) -> Finding | None:
+) -> Kink | None:
+    """The kink the tracer saw at one operation, as a text-free event (None: not on a kink)."""
     if not any(isinstance(o, torch.Tensor) and o.requires_grad for o in operands):
         return None
     op = tag.op
@@ -32,74 +33,46 @@ def _kink_finding(
         if strict is None:
             return None
         mask = ~_rules.to_numpy(strict).astype(bool)
-        entry_id, qi, got = _rules.KINK_IDS[op], 0, "a comparison that holds with equality"
+        entry_id, got, got_value = _WHERE, _messages.WHERE_EQUALITY, None
     else:
-        hit = None
         np_ops = [None if o is None else _rules.to_numpy(o) for o in operands]
-        if op in _classify.known_ops() and all(o is not None for o in np_ops):
-            try:
-                hit = _classify.classify(op, np_ops, None, params)
-            except Exception:  # an unreadable operand is not a finding
-                hit = None
-        if hit is not None:
-            if hit.entry_id not in _KINKISH:
-                return None
-            mask, entry_id, qi, got = hit.mask, hit.entry_id, hit.operand, hit.got
-        else:
-            km = _rules.kink_mask(op, operands, params)
-            if km is None:
-                return None
-            mask, qi = km
-            entry_id = _rules.KINK_IDS[op]
-            got = ""
-        mask = np.asarray(mask, bool)
-        if not mask.any():
+        try:
+            hit = _classify.classify(op, np_ops, None, params)
+        except Exception:  # an unreadable operand is not a finding
+            hit = None
+        if hit is None or hit.entry_id not in _KINKISH:
             return None
-        if not got:
-            vals = (
-                np.broadcast_to(_rules.to_numpy(operands[qi]), mask.shape)
-                if operands[qi] is not None
-                else None
-            )
-            got = _classify.format_value(vals[mask].flat[0]) if vals is not None else ""
+        mask, entry_id, got = hit.mask, hit.entry_id, hit.got
+        try:
+            got_value = None if hit.value is None else float(hit.value)
+        except (TypeError, ValueError):
+            got_value = None
     mask = np.asarray(mask, bool)
     if not mask.any():
         return None
     idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
-    kind = "convention" if op in _rules.INADMISSIBLE else "kink"
-    detail: dict[str, Any] = {}
-    try:
-        entry = _catalog.get(entry_id)
-        conv = entry.conventions.get("torch")
-        if conv:
-            detail["convention"] = conv
-        if entry.subdifferential:
-            detail["subdifferential"] = entry.subdifferential
-    except KeyError:
-        detail["missing_catalog_entry"] = entry_id
-    if kind == "convention":
-        detail["admissible"] = False
-    return catalog_finding(
+    return Kink(
         backend=BACKEND,
         entry_id=entry_id,
-        kind=kind,
-        phase="gradient",
+        op=op,
         primitive=name,
         where=tag.frame,
-        result="finite",
         backend_op=tag.qualname,
         got=got,
+        got_value=got_value,
         count=int(mask.sum()),
         size=int(mask.size),
         index=idx,
         scope=_scope(tag, paths),
-        detail=detail,
+        inadmissible_convention=BACKEND in _catalog.get(entry_id).inadmissible,
     )
 
 
-_KINKISH = set(_rules.KINK_IDS.values()) | {
-    e.id for e in _catalog.ENTRIES if e.kind in ("kink", "discontinuity")
+# The entries sanitize reports: kinks, ties and jumps, and PyTorch's inadmissible conventions.
+_KINKISH = {
+    e.id for e in _catalog.ENTRIES if e.kind in CONVENTION_KINDS or BACKEND in e.inadmissible
 }
+_WHERE = _catalog.by_op("where")[0].id
 
 
 class sanitize(explain):
@@ -118,9 +91,10 @@ class sanitize(explain):
         paths = Namer().module_paths(list(self.modules) + tracer.roots)
         seen: set[tuple] = set()
         for tag, name, (operands, params) in tracer.kink_hits:
-            f = _kink_finding(tracer, tag, name, list(operands), dict(params), paths)
-            if f is None:
+            ev = kink_event(tracer, tag, name, list(operands), dict(params), paths)
+            if ev is None:
                 continue
+            f = build(ev)
             k = (
                 f.catalog_id,
                 f.where.file if f.where else None,

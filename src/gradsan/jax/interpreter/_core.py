@@ -39,7 +39,8 @@ class Scope:
     so every pass over the same program at the same point agrees on keys; ``path`` names the
     nesting (``pjit[f]/scan[3]``); ``frame`` is the innermost user frame that called into it;
     ``library`` the library function it runs inside; ``context`` the loop iterations and
-    branches, as words; ``backward`` whether it runs in the backward pass. Transformations
+    branches, as words; ``backward`` whether it runs in the backward pass; ``shard`` the device
+    a shard_map body runs on. Transformations
     subclass it to carry more; :meth:`Interpreter.sub_scope` copies every field.
     """
 
@@ -50,6 +51,7 @@ class Scope:
     context: str = ""
     backward: bool = False
     id: int = 0
+    shard: Any = None  # inside a shard_map body: the device's Shard (interpreter._devices)
 
 
 Rule = Callable[..., tuple[list, list]]
@@ -186,13 +188,7 @@ class Interpreter:
             if rule is not None:
                 outvals, outsides = rule(self, eqn, invals, insides, scope, key)
             else:
-                body = _compat.call_body(eqn)
-                if body is not None:
-                    outvals, outsides = self.call(
-                        eqn, body[0], body[1], invals, insides, scope, key
-                    )
-                else:
-                    outvals, outsides = self.first_order(eqn, invals, insides, scope, key)
+                outvals, outsides = self.dispatch(eqn, invals, insides, scope, key)
             for v, val, s in zip(eqn.outvars, outvals, outsides):
                 if not isinstance(v, jcore.DropVar):
                     env[v] = val
@@ -202,6 +198,15 @@ class Interpreter:
                     env.pop(v, None)
                     side.pop(v, None)
         return read(jaxpr.outvars)
+
+    def dispatch(
+        self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
+    ) -> tuple[list, list]:
+        """An equation with no rule of its own: a call-like body, else the first-order rule."""
+        body = _compat.call_body(eqn)
+        if body is not None:
+            return self.call(eqn, body[0], body[1], invals, insides, scope, key)
+        return self.first_order(eqn, invals, insides, scope, key)
 
     # -- call-like primitives ----------------------------------------------------------------
     def call(
@@ -245,6 +250,20 @@ class Interpreter:
     def in_context(scope: Scope, what: str) -> str:
         """``scope``'s context with ``what`` appended (``scan iteration 3 (of 10), cond ...``)."""
         return f"{scope.context}, {what}" if scope.context else what
+
+    def collective_side(
+        self,
+        eqn: Any,
+        ins_by_device: list,
+        outvals: list,
+        all_insides: list,
+        scope: Scope,
+        key: tuple,
+    ) -> list:
+        """The sidecars of one device's outputs of a collective (``psum`` ...), whose inputs
+        are every device's: ``ins_by_device`` is (invals, insides) per device, and
+        ``all_insides`` their sidecars in one list."""
+        return [None] * len(outvals)
 
     # -- hooks of the unroll strategy --------------------------------------------------------
     def stack(self, values: list, aval: Any) -> Any:

@@ -44,10 +44,14 @@ class Restaging(Interpreter):
     The defaults describe a sidecar with no dynamic part whose signature is the sidecar
     itself (hashable, joined only when equal): override the ``side_*`` methods for more.
     ``acc`` is the accumulator of the body being traced: key -> traced array; the subclass
-    adds to it with :meth:`accumulate`.
+    adds to it with :meth:`accumulate` and reads (and resets) it around a top-level run.
     """
 
     acc: dict[Hashable, Any]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.acc = {}
 
     # -- the sidecar -----------------------------------------------------------------------------
     def side_sig(self, side: Any) -> Any:
@@ -91,13 +95,11 @@ class _Body:
     (``sigs``, ``keys``, ``avals``)."""
 
     def __init__(self, interp: Restaging, jaxpr, consts: list, in_sigs: list, scope: Scope):
-        self.interp, self.jaxpr, self.consts, self.in_sigs, self.scope = (
-            interp,
-            jaxpr,
-            consts,
-            in_sigs,
-            scope,
-        )
+        self.interp = interp
+        self.jaxpr = jaxpr
+        self.consts = consts
+        self.in_sigs = in_sigs
+        self.scope = scope
         self.const_sides = [interp.const_side(c, "constant") for c in consts]
         self.sigs: list = []
         self.keys: list = []
@@ -159,7 +161,7 @@ def _join(interp: Restaging, a: Sequence, b: Sequence) -> list:
     return [interp.side_join(x, y) for x, y in zip(a, b, strict=True)]
 
 
-def _merge(interp: Restaging, keys: list, avals: dict, body: _Body) -> None:
+def _merge(keys: list, avals: dict, body: _Body) -> None:
     for k in body.keys:
         if k not in avals:
             keys.append(k)
@@ -213,7 +215,7 @@ def restage_cond(interp: Restaging, eqn, invals: list, insides: list, scope: Sco
         body = _Body(interp, jaxpr, consts, sigs, interp.sub_scope(eqn, scope, (*key, i), "cond"))
         body.trace(ops, leaves)
         out_sig = list(body.sigs) if out_sig is None else _join(interp, out_sig, body.sigs)
-        _merge(interp, keys, avals, body)
+        _merge(keys, avals, body)
         bodies.append(body)
     assert out_sig is not None
 
@@ -315,7 +317,7 @@ def restage_while(interp: Restaging, eqn, invals: list, insides: list, scope: Sc
     test = _Body(interp, cj, cconsts, [*c_sig, *k_sig], csub)
     test.trace([*_structs(cv), *k_avals], [*c_leaves, *_leaves(interp, ks, kv, k_sig)])
     keys, avals = list(body.keys), dict(body.avals)
-    _merge(interp, keys, avals, test)
+    _merge(keys, avals, test)
     counts_test = bool(test.keys)
 
     def tested(kv, kl, acc):

@@ -3,7 +3,13 @@ to the true one, then one summary line per case."""
 
 from __future__ import annotations
 
+import os
 import sys
+
+from .._userfile import register_user_file
+
+# the gallery is written as user code, and its reports point at its lines
+register_user_file(os.path.join(os.path.dirname(__file__), "case.py"))
 
 
 def _fmt(tree) -> str:
@@ -26,24 +32,24 @@ def main(selected: list[str] | None = None) -> int:
     except ImportError:
         print("gradsan demo needs JAX: pip install 'gradsan[jax]'", file=sys.stderr)
         return 2
-    from . import demo_cases
-    from .jax import explain, nansafe
+    from ..jax import explain, nansafe
+    from . import case as gallery
 
-    names = selected or list(demo_cases.CASES)
-    unknown = [n for n in names if n not in demo_cases.CASES]
+    names = selected or list(gallery.CASES)
+    unknown = [n for n in names if n not in gallery.CASES]
     if unknown:
         print(
             f"gradsan demo: no case {', '.join(unknown)}; the cases are: "
-            f"{', '.join(demo_cases.CASES)}",
+            f"{', '.join(gallery.CASES)}",
             file=sys.stderr,
         )
         return 2
     summary = []
     for name in names:
-        make = demo_cases.CASES[name]
+        make = gallery.CASES[name]
         case = make()
         bar = "=" * 100
-        print(f"{bar}\n{name}: {make.__doc__.strip()}\n{bar}")
+        print(f"{bar}\n{name}: {(make.__doc__ or '').strip()}\n{bar}")
         report = explain(case.grad)(*case.args)
         print(report)
         print()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import html
 
-from ._report import Finding, Frame, Report
-from ._report._text import headline
+from ._records import Finding, Frame, Report
+from ._text import caret_span, headline
 
 _CSS = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 24px; color: #1d2330; background: #fafbfc; }
@@ -47,17 +47,13 @@ def _source(frame: Frame | None) -> str:
     if frame is None:
         return '<div class="loc">(no user frame)</div>'
     out = f'<div class="loc">{_e(frame)}</div>'
-    code = frame.code.rstrip()
-    if not code:
+    stripped, span = caret_span(frame)
+    if not stripped:
         return out
-    stripped = code.lstrip()
-    lead = len(code) - len(stripped)
     body = _e(stripped)
-    if frame.column is not None and frame.end_column and frame.end_column > frame.column:
-        start = frame.column - lead
-        width = frame.end_column - frame.column
-        if 0 <= start and start + width <= len(stripped):
-            body += "\n" + '<span class="caret">' + " " * start + "^" * width + "</span>"
+    if span is not None:
+        start, width = span
+        body += "\n" + '<span class="caret">' + " " * start + "^" * width + "</span>"
     return out + f"<pre>{body}</pre>"
 
 
@@ -104,12 +100,12 @@ def _finding(f: Finding, number: int | None) -> str:
     if f.explanation:
         parts.append(f'<p class="why"><b>Why:</b> {_e(" ".join(f.explanation.split()))}</p>')
     if f.suggestions:
-        items = []
+        fixes = []
         for s in f.suggestions:
             first, *rest = s.splitlines()
             code = f"<pre>{_e(chr(10).join(rest))}</pre>" if rest else ""
-            items.append(f"<li>{_e(first)}{code}</li>")
-        parts.append('<div class="fix"><b>Fix:</b><ol>' + "".join(items) + "</ol></div>")
+            fixes.append(f"<li>{_e(first)}{code}</li>")
+        parts.append('<div class="fix"><b>Fix:</b><ol>' + "".join(fixes) + "</ol></div>")
     if f.catalog_id:
         parts.append(
             f'<div class="notes">Details: <code>gradsan catalog {_e(f.catalog_id)}</code></div>'

@@ -1,0 +1,201 @@
+"""Every fixed sentence of a report that is not a catalog entry's, as a named constant.
+
+The builder (``_build.py``) fills their slots (``str.format`` fields) from an event's numbers,
+names and Frames; backends never write these words themselves. Where the two backends word one
+fact differently today, both wordings are here, named by backend (``*_TORCH``, ``*_JAX``), so
+the report text stays as it was; unifying them is a change of wording, reviewed on the goldens.
+"""
+
+from __future__ import annotations
+
+# ---- origins -----------------------------------------------------------------------------------
+
+# a non-finite input: the values row
+INPUT_VALUES_TORCH = "`{name}` ({result} in {count} of {size} elements{first})"
+INPUT_FIRST_TORCH = ", first at [{index}]"
+INPUT_VALUES_JAX = "{label} holds {got} in {count} of {size} elements{first}"
+INPUT_FIRST_JAX = ", first at {index}"
+
+# the clause in parentheses after the headline (events.Note)
+NOTE_DERIVATIVE_IS = "its derivative is {value} there"
+NOTE_DERIVATIVE_RULE_NAN = "its derivative rule gave nan there"
+NOTE_RETURNED = "it returned {value}"
+NOTE_CUSTOM_VJP_RULE = "in the custom_vjp backward rule called at {call}"
+
+# where the inf met a zero
+MET_TORCH = "{form} = NaN in {met_op}"
+MET_OP_IN_NODE = "{op} in {node}"  # torch: an aten op and the autograd Node it ran in
+MET_JAX = "{text} in the {phase}`{op}`"
+MET_JAX_BACKWARD = "backward "
+MET_ZERO_HERE = "the zero came from here: "
+MET_ZERO_CONSTANT = " (the zero is a constant)"
+# the indeterminate form itself (jax), from the operand values at the first NaN
+FORM_PRODUCT = "{a} * {b} = nan"
+FORM_ZERO_OVER_ZERO = "0.0 / 0.0 = nan"
+FORM_QUOTIENT = "{a} / {b} = nan"
+FORM_SUM = "inf + (-inf) = nan"
+FORM_INSIDE = "0 * inf or inf - inf inside {op} = nan"
+FORM_OF_INFINITE = "{op} of an infinite input = nan"
+
+# an explanation the builder writes when the catalog has none (events.Because)
+SHARD_MAP = (
+    "The non-finite value was born inside a shard_map that gradsan ran as one operation: "
+    "its body has a collective inside a loop or branch, or mesh axes that are not all manual, "
+    "so it was not entered per device. The line shown is the body's first `{op}`; run "
+    "gradsan.jax.explain on the body function with one shard's inputs to locate it exactly."
+)
+CONSTANT_INFS = (
+    "`{op}` computed {text} from infinite inputs that came from "
+    "constants (such as a -inf mask). Make sure no row or reduction sees only masked "
+    "values, or mask the result instead of the input."
+)
+CONSTANT_INFS_NAN = "a NaN"
+NOT_IN_CATALOG = (
+    "`{op}` produced {result} from finite inputs. It is not in gradsan's "
+    "catalog of singular operations; look at its operand values at the index shown."
+)
+
+# report notes
+UNSEEN_GRADIENT_TORCH = (
+    "the gradient of {names} is non-finite but gradsan did not see the operation that "
+    "produced it (was backward run outside the explain block, or under torch.compile?)"
+)
+REPLAY_STAYED_FINITE = (
+    "the compiled function returned a non-finite value, but the replay through "
+    "the interpreter stayed finite (XLA fusion can change rounding): run "
+    "gradsan.jax.explain on the un-jitted function."
+)
+
+# ---- kinks -------------------------------------------------------------------------------------
+
+WHERE_EQUALITY = "a comparison that holds with equality"  # torch: `got` of a where boundary
+WHERE_COMPARISON = "lhs {op} rhs with lhs == rhs"
+SUBDIFFERENTIAL_JUMP = "none: the function jumps here"
+TIE_TRIVIAL = (
+    "the tied candidates are the same function of the inputs "
+    "(equal tangents along random directions): the gradient is exact"
+)
+
+# ---- nansafe -----------------------------------------------------------------------------------
+
+WHY_UNRESOLVED_TORCH = (
+    "the zero that met the inf is not structural (it vanishes only at this "
+    "point), so 0 * inf has no single value here; gradsan leaves it NaN"
+)
+WHY_UNRESOLVED_JAX = (
+    "the zero that met the inf is not structural (it "
+    "vanishes only at this point), so 0 * inf has no single value here; "
+    "nansafe leaves it non-finite"
+)
+RULE_STRUCTURAL_TORCH = (
+    "structural zero: 0 * inf := 0 on a path that contributes exactly 0 near this point"
+)
+REPAIRED_TORCH = "{count} element(s) of the gradient set to exactly 0 at {node}"
+RULE_STRUCTURAL = "structural zero: {reasons}"
+RULE_STRUCTURAL_ANY = "zero path"
+REASON_UNSELECTED = "unselected where branch"
+REASON_MARGIN = ", margin {margin:.6g}"
+REPAIRED_STRUCTURAL = (
+    "{count} element(s) of `{op}` computed 0 * inf (or 0 / 0) with a "
+    "structurally zero factor; set to exactly 0, the true gradient (G3)"
+)
+RULE_STRONG_ZERO = "strong-zero convention"
+NOTE_STRONG_ZERO = (
+    "0 * inf := 0 applied where the zero is not known to be "
+    "structural: a convention, NOT a proven gradient"
+)
+REPAIRED_STRONG_ZERO = (
+    "{count} element(s) of `{op}` set to 0 by the strong-zero convention "
+    "(not proven: can be a wrong finite value)"
+)
+RULE_NUMERICAL = "none: the zero is numerical"
+NOTE_NUMERICAL = "deciding it needs the limit engine, gradsan.jax.certify (a later feature)"
+STAYED_NAN = "{count} element(s) of `{op}` computed 0 * inf (or 0 / 0) and stayed NaN"
+RULE_LIMIT = "limit engine (gradsan.jax.certify): {what}"
+LIMIT_GRADIENT = "the gradient"
+LIMIT_CLARKE = "a Clarke subgradient"
+STRONG_ZERO_MODE = (
+    "mode='strong_zero': every 0 * inf (and 0 / 0) in the backward pass was set to 0. "
+    "Where the zero was not structural this is a convention, not a proven gradient: "
+    "it can be a wrong finite number (sqrt(x) * sqrt(x) at 0 gives 0, the truth is 1)."
+)
+
+# ---- certify -----------------------------------------------------------------------------------
+
+CERTIFIED_TITLES = {
+    "gradient": "certified gradient (ray limit)",
+    "clarke-subgradient": "not differentiable: a Clarke subgradient",
+    "singular": "no gradient: singular",
+    "undecided": "undecided",
+}
+CERT_DISCONTINUOUS = (
+    "f(x0) is NaN and f(x0 + t v) tends to {lo:.10g} along direction {i} but "
+    "to {hi:.10g} along direction {k}: no limit at x0"
+)
+CERT_RAY = "{verdict}: {certificate}"
+CERT_NOT_DIFFERENTIABLE = "; f is not differentiable at x0"
+CERT_UNDECIDED = "UNDECIDED: {notes}"
+CERT_UNDECIDED_DEFAULT = "the rules could not decide"
+CERT_DOMAIN = "DOMAIN: every ray tried leaves the domain of f"
+CERT_GRADIENT = (
+    "the limit of the gradient along every ray tried is the same: lim_{t->0+} grad f(x0 + t v)"
+)
+CERT_ONE_SIDED = (
+    " (one-sided: {domain} of {total} rays leave the domain, x0 is on the boundary of the domain)"
+)
+CERT_REMOVABLE = "; f(x0) is NaN but the singularity is removable"
+CERT_CLARKE = (
+    "not differentiable at x0 ({why}); the minimum-norm element of the convex "
+    "hull of the limits is a Clarke subgradient (when f is locally Lipschitz "
+    "near x0)"
+)
+CERT_TWO_LIMITS = "two different limits of the gradient"
+CERT_KINK = "f'(x0; v) + f'(x0; -v) != 0"
+CERT_DIRECTION = "  direction {direction}: {verdict}"
+CERT_DIRECTION_CERTIFICATE = " -- {certificate}"
+CERT_DIRECTION_NOTES = " [{notes}]"
+UNVERIFIED = "unverified: primitives treated as analytic via repeated JVPs: {ops}"
+
+# ---- the backend's value at a kink (jax/_sanitize.convention; facts of a Kink event) ---------
+
+CONVENTION_JUMP_BLOCKED = (
+    "the function jumps here: the gradient through it is blocked (0), which is no subgradient"
+)
+CONVENTION_ATAN2 = "atan2 is discontinuous at the origin: no value is a subgradient"
+CONVENTION_ARGMAX = (
+    "an index carries no gradient; gathering at it sends the whole gradient "
+    "to one tied element, a vertex of the subdifferential"
+)
+CONVENTION_WHERE_JUMP = (
+    "the branches differ in value on the boundary: the function jumps "
+    "there and no gradient is right"
+)
+CONVENTION_EIGH_VALUE = (
+    "a finite gradient for the eigenvalues (v v^T for the basis returned); "
+    "nan through the eigenvectors"
+)
+CONVENTION_EIGH = "admissible for the eigenvalues only; the eigenvectors have none"
+CONVENTION_RELU_CUSTOM = "the custom_jvp rule of the enclosing function (jax.nn.relu)"
+VALUE_ON_TIED = "[{values}] on the tied elements"
+VALUE_ARGMAX = "index {index} (the first of the tied elements)"
+VALUE_WHERE = "the derivative of the branch the comparison selected (case {case})"
+VALUE_SORT = "the whole gradient to index {got} of the tied {tied}"
+VALUE_CLAMP = "d/dx = {value}"
+
+# ---- subgradient's branch (facts of a Kink event) ----------------------------------------------
+
+BRANCH_NOT_LOCKED = "not locked: JAX's convention is kept"
+BRANCH_ATAN2 = "atan2 is discontinuous at the origin: no limit gradient exists"
+BRANCH_EIGH = (
+    "the eigenvalue gradient is a Clarke subgradient, not necessarily the limit along the direction"
+)
+BRANCH_TIE_CONTINUOUS = (
+    "first-order tie: the tied candidates have equal tangents, so "
+    "every piece gives the same gradient here"
+)
+BRANCH_TIE_UNBROKEN = (
+    "first-order information cannot tell which side of the "
+    "boundary is active: the gradient keeps JAX's convention there "
+    "and may not be a limit gradient"
+)
+BRANCH_ACTIVE = "the piece active along {direction}"

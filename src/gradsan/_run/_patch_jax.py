@@ -1,0 +1,194 @@
+"""`gradsan run`'s JAX patch: functions made by ``jax.jit``, ``jax.grad`` and
+``jax.value_and_grad`` in the user's code are wrapped; each eager call is checked with
+gradsan.jax.guard's machinery (one fused finiteness flag, the replay through the
+interpreter), calls made while tracing pass straight through."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from .._userfile import is_user_file
+from ._failure import Failure, ordinal, say
+
+if TYPE_CHECKING:
+    from ..jax._guard import Checker
+    from ._hooks import Hooks
+
+
+def _caller_is_user(depth: int = 2) -> bool:
+    f: FrameType | None = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename == __file__:  # the decorator form's lambda
+        f = f.f_back
+    return f is not None and is_user_file(f.f_code.co_filename)
+
+
+def _has_tracer(tree: Any) -> bool:
+    import jax
+
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+class Watched:
+    """A jitted / grad function made in the user's code, each eager call checked by
+    gradsan.jax.guard's :class:`~gradsan.jax._guard.Checker`."""
+
+    def __init__(
+        self, hooks: Hooks, inner: Callable, kind: str, target: Callable, opts: dict
+    ) -> None:
+        self._hooks = hooks
+        self._inner = inner
+        self._kind = kind
+        self._target = target
+        self._opts = opts
+        self._calls = 0
+        self._checker: Checker | None = None  # built at the first eager call
+        try:
+            self.__wrapped__ = getattr(inner, "__wrapped__", target)
+            for a in ("__name__", "__qualname__", "__doc__", "__module__"):
+                v = getattr(inner, a, None) or getattr(target, a, None)
+                if v is not None:
+                    object.__setattr__(self, a, v)
+        except (AttributeError, TypeError):  # pragma: no cover
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # .lower, .trace, .eval_shape, _jit_info, ...
+        return getattr(self._inner, name)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self, obj)
+
+    @property
+    def label(self) -> str:
+        name = getattr(self._target, "__qualname__", None) or getattr(self._target, "__name__", "?")
+        return f"`{name}` (jax.{self._kind})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hooks = self._hooks
+        if not hooks.enabled or _has_tracer((args, kwargs)):
+            return self._inner(*args, **kwargs)
+        self._calls += 1
+        if self._checker is None:
+            from ..jax._guard import Checker
+
+            # every call through the fused jit: the function is new, so one program compiles
+            self._checker = Checker(self._inner, background=False)
+        out, ok, via = self._checker.run(args, kwargs)
+        if hooks.sanitize and id(self) not in hooks.sanitized:
+            hooks.sanitized.add(id(self))
+            _sanitize_jax(hooks, self, args, kwargs)
+        if ok:
+            return out
+        report = self._replay(args, kwargs, out, via)
+        __tracebackhide__ = True
+        hooks.on_failure(
+            Failure(
+                backend="jax",
+                report=report,
+                call=self._calls,
+                label=self.label,
+                fun=self._inner,
+                args=args,
+                kwargs=kwargs,
+                kind=self._kind,
+                target=self._target,
+                opts=self._opts,
+            )
+        )
+        return out
+
+    def _replay(self, args: tuple, kwargs: dict, out: Any, via: Callable | None) -> Any:
+        assert self._checker is not None
+        n_eqns = _count_eqns(self._inner, args, kwargs)
+        size = f" ({n_eqns} equations)" if n_eqns else ""
+        say(
+            f"the {ordinal(self._calls)} call of {self.label} returned NaN/Inf; "
+            f"replaying it through the interpreter{size}..."
+        )
+        t0 = time.perf_counter()
+        report = self._checker.report(args, kwargs, out, via)
+        say(f"replay done in {time.perf_counter() - t0:.1f} s.")
+        return report
+
+
+def _count_eqns(fun: Callable, args: tuple, kwargs: dict) -> int:
+    """The size of the program to replay, for the progress line (0 if unknown)."""
+    try:
+        import jax
+
+        closed = jax.make_jaxpr(lambda *a, **k: fun(*a, **k))(*args, **kwargs)
+    except Exception:
+        return 0
+
+    def count(jaxpr: Any) -> int:
+        n = 0
+        for e in jaxpr.eqns:
+            n += 1
+            for p in e.params.values():
+                for sub in p if isinstance(p, (tuple, list)) else (p,):
+                    inner = getattr(sub, "jaxpr", None)
+                    if inner is not None and hasattr(inner, "eqns"):
+                        n += count(inner)
+                    elif hasattr(sub, "eqns"):
+                        n += count(sub)
+        return n
+
+    return count(closed.jaxpr)
+
+
+def _sanitize_jax(hooks: Hooks, g: Watched, args: tuple, kwargs: dict) -> None:
+    import gradsan.jax as gsj
+
+    sanitize = getattr(gsj, "sanitize", None)
+    if sanitize is None:
+        say("--sanitize: gradsan.jax.sanitize is not available in this version; skipped.")
+        return
+    try:
+        report = sanitize(g._inner)(*args, **kwargs)
+    except Exception as e:  # never let the optional kink scan break the run
+        say(f"--sanitize: could not scan {g.label} ({type(e).__name__}: {e}).")
+        return
+    report.findings = [f for f in report.findings if f.kind in ("kink", "convention")]
+    if hooks.on_kinks is not None:
+        hooks.on_kinks(report, f"first call of {g.label}")
+
+
+def patch_jax(hooks: Hooks, jax: Any) -> None:
+    """Wrap ``jax.jit``, ``jax.grad`` and ``jax.value_and_grad`` (undone by hooks.uninstall)."""
+    orig = {n: getattr(jax, n) for n in ("jit", "grad", "value_and_grad")}
+
+    def make(name: str) -> Callable:
+        original = orig[name]
+
+        @functools.wraps(original)
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            if not args and "fun" not in kwargs:  # @jax.jit(static_argnums=...) as a decorator
+                return lambda f: patched(f, **kwargs)
+            inner = original(*args, **kwargs)
+            if not _caller_is_user(2):
+                return inner
+            target: Any = args[0] if args else kwargs.get("fun")
+            if isinstance(target, Watched):  # jax.jit(jax.grad(f)): check the outer one
+                target = target._inner
+            opts = {k: v for k, v in kwargs.items() if _jsonable(v)}
+            return Watched(hooks, inner, name, target, opts)
+
+        return patched
+
+    for n in orig:
+        hooks.set(jax, n, make(n))
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False

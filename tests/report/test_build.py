@@ -1,0 +1,396 @@
+"""The builder against the wording the JAX backends write today: each event, built, is the
+Finding the backend makes itself. These tests are the contract for moving the JAX backends
+onto the event layer."""
+
+import math
+
+import numpy as np
+import pytest
+
+from gradsan._events import Certificate, Note, Origin, Poison, Repair, Rule, Unresolved, Verdict
+from gradsan._report import _build, _messages
+from gradsan._report._records import Frame
+
+jax = pytest.importorskip("jax")
+
+
+# ---- certify ------------------------------------------------------------------------------------
+
+
+def _loss(theta):
+    return theta
+
+
+def _ray(verdict, grad=None, fprime=None, limit=None, certificate="", notes=()):
+    from gradsan.jax.certify._rays import RayResult
+
+    g = None if grad is None else [np.asarray(grad, np.float64)]
+    return RayResult(verdict, g, fprime, limit, certificate, list(notes))
+
+
+CERT_CASES = {
+    # name: (rays, directions, unverified, the event's verdict and slots)
+    "gradient": (
+        [_ray("DEFINED", [1.0, 2.0], 0.5), _ray("DEFINED", [1.0, 2.0], 0.7)],
+        [[1.0, 0.0], [0.0, 1.0]],
+        set(),
+        dict(verdict=Verdict.GRADIENT, differentiable=True),
+    ),
+    "one-sided": (
+        [_ray("DEFINED", [1.0, 2.0], 0.5), _ray("DOMAIN", certificate="leaves the domain")],
+        [[1.0, 0.0], [0.0, 1.0]],
+        {"erf_inv"},
+        dict(verdict=Verdict.GRADIENT, differentiable=None, domain_rays=1),
+    ),
+    "removable": (
+        [_ray("REMOVABLE", [1.0, 0.0], 0.0, 1.0), _ray("DEFINED", [1.0, 0.0], 0.0)],
+        [[1.0, 0.0], [0.0, 1.0]],
+        set(),
+        dict(verdict=Verdict.GRADIENT, differentiable=True, removable=True),
+    ),
+    "two-limits": (
+        [_ray("DEFINED", [1.0, 0.0], 1.0), _ray("DEFINED", [-1.0, 0.0], 1.0)],
+        [[1.0, 0.0], [-1.0, 0.0]],
+        set(),
+        dict(verdict=Verdict.CLARKE_TWO_LIMITS, differentiable=False),
+    ),
+    "kink": (
+        [_ray("DEFINED", [0.0, 0.0], 1.0), _ray("DEFINED", [0.0, 0.0], 1.0)],
+        [[1.0, 0.0], [-1.0, 0.0]],
+        set(),
+        dict(verdict=Verdict.CLARKE_KINK, differentiable=False),
+    ),
+    "singular-inf-slope": (
+        [_ray("SINGULAR", fprime=math.inf, certificate="t^0.5 term"), _ray("DEFINED", [1.0, 0.0])],
+        [[1.0, 0.0], [0.0, 1.0]],
+        set(),
+        dict(
+            verdict=Verdict.SINGULAR,
+            differentiable=False,
+            ray_verdict="SINGULAR",
+            ray_certificate="t^0.5 term",
+        ),
+    ),
+    "singular": (
+        [_ray("SINGULAR", fprime=1.0, certificate="a pole")],
+        [[1.0, 0.0]],
+        set(),
+        dict(verdict=Verdict.SINGULAR, ray_verdict="SINGULAR", ray_certificate="a pole"),
+    ),
+    "discontinuous": (
+        [_ray("REMOVABLE", [1.0, 0.0], 0.0, 1.0), _ray("REMOVABLE", [1.0, 0.0], 0.0, 2.0)],
+        [[1.0, 0.0], [0.0, 1.0]],
+        set(),
+        dict(
+            verdict=Verdict.DISCONTINUOUS,
+            differentiable=False,
+            limits=(1.0, 2.0),
+            directions=(0, 1),
+        ),
+    ),
+    "undecided": (
+        [_ray("UNDECIDED", notes=["horizon", "cap"]), _ray("DEFINED", [1.0, 0.0])],
+        [[1.0, 0.0], [0.0, 1.0]],
+        set(),
+        dict(verdict=Verdict.UNDECIDED, ray_notes=("horizon", "cap")),
+    ),
+    "undecided-silent": (
+        [_ray("UNDECIDED")],
+        [[1.0, 0.0]],
+        set(),
+        dict(verdict=Verdict.UNDECIDED),
+    ),
+    "domain": (
+        [_ray("DOMAIN", certificate="x < 0")],
+        [[1.0, 0.0]],
+        set(),
+        dict(verdict=Verdict.DOMAIN, differentiable=False),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CERT_CASES))
+def test_certificate_event_builds_certifys_finding(case):
+    from gradsan.jax.certify import _api as _certify
+
+    rays, dirs, unverified, slots = CERT_CASES[case]
+    x0s = [np.zeros(2)]
+    treedef = jax.tree_util.tree_structure(0.0)
+    ctx = _certify.Ctx()
+    ctx.unverified = set(unverified)
+    dirs = [[np.asarray(d)] for d in dirs]
+    want = _certify._combine(_loss, "loss", treedef, x0s, dirs, rays, ctx, 1.0, 4)
+    ev = Certificate(
+        where=_certify._frame_of(_loss),
+        output=_certify._arg_name(_loss),
+        size=2,
+        verdicts=[r.to_dict(i) for i, r in enumerate(rays)],
+        fx0=1.0,
+        terms=4,
+        unverified=tuple(unverified),
+        **slots,
+    )
+    got = _build.build(ev)
+    assert got == want.findings[0]
+    assert _build.certificate_notes(ev) == want.notes
+
+
+# ---- nansafe ------------------------------------------------------------------------------------
+
+WHERE = Frame("loss.py", 7, 11, "loss", "    y = jnp.where(x > 0, jnp.sqrt(x), 0.0)", 22)
+
+
+def _site(kind, why=frozenset(), op="mul", primitive="sqrt", library=None):
+    from gradsan.jax._nansafe import _Site
+
+    return _Site(("k",), kind, op, primitive, WHERE, library, why)
+
+
+def _jax_finding(site, n, margins=None):
+    from gradsan.jax._nansafe import _Emitter
+
+    return _Emitter._finding(None, site, n, margins or {})  # type: ignore[arg-type]
+
+
+def _event_of(site, n, margins=None):
+    """What jax/_nansafe knows at a site, as the event it will emit."""
+    from gradsan import _catalog
+    from gradsan.jax._rules import NANSAFE_ENTRY as _ENTRY
+
+    entry = _ENTRY.get(site.primitive)
+    if site.library is not None and _catalog.for_library(site.library) is not None:
+        entry = _catalog.for_library(site.library).id
+    prim = site.primitive
+    if site.library and prim == site.op:
+        prim = site.library.rsplit(".", 1)[-1]
+    common = dict(
+        backend="jax",
+        op=prim,
+        where=site.where,
+        backend_op=site.op,
+        met_op=site.op,
+        entry_id=entry,
+        count=n,
+        library=site.library,
+        form="0*inf" if site.op != "div" else "0/0",
+        backward=True,
+    )
+    if site.kind == "unres":
+        return Unresolved(**common)
+    reasons, marg = [], []
+    for w in sorted(site.why, key=repr):
+        if isinstance(w, tuple) and w[0] == "select":
+            reasons.append(_messages.REASON_UNSELECTED)
+            marg.append((margins or {}).get(w[1]))
+        elif isinstance(w, str):
+            reasons.append(w)
+            marg.append(None)
+    rule = Rule.STRUCTURAL if site.kind == "struct" else Rule.STRONG_ZERO
+    return Repair(
+        rule=rule,
+        reasons=tuple(reasons),
+        margins=tuple(marg),
+        proven=rule is Rule.STRUCTURAL,
+        **common,
+    )
+
+
+@pytest.mark.parametrize(
+    "site, margins",
+    [
+        (dict(kind="struct", why=frozenset({("select", "m1")})), {"m1": 1.0}),
+        (dict(kind="struct", why=frozenset({("select", "m1")})), {"m1": float("inf")}),
+        (dict(kind="struct", why=frozenset({"constant zero factor", ("select", "m")})), {}),
+        (dict(kind="struct"), {}),
+        (dict(kind="struct", op="div", library="jnp.linalg.norm"), {}),
+        (dict(kind="conv"), {}),
+        (dict(kind="unres", op="div"), {}),
+    ],
+)
+def test_repair_and_unresolved_events_build_nansafes_finding(site, margins):
+    s = _site(**site)
+    want = _jax_finding(s, 3, margins)
+    got = _build.build(_event_of(s, 3, margins))
+    if s.kind == "unres":  # the builder always states the count left non-finite, as a number
+        assert got.detail.pop("count") == 3
+    assert got == want
+
+
+def test_merged_counts_are_written_once_not_patched_into_text():
+    s = _site("struct", frozenset({("select", "m")}))
+    events = _build.merged([_event_of(s, 2), _event_of(s, 1), _event_of(_site("unres"), 4)])
+    assert [e.count for e in events] == [3, 4]
+    f = _build.build(events[0])
+    assert f.values.startswith("3 element(s)") and f.detail["repaired"] == 3 and f.count == 3
+
+
+# ---- explain ------------------------------------------------------------------------------------
+
+# the poison of each gallery case, as jax/_explain reads it off the operands at the first NaN
+POISONS = {
+    "abs-vs-norm": ((0.0, math.inf), 0),
+    "flux-normalise": ((-0.0, math.inf), 0),
+    "pairwise-distance": ((-math.inf, 0.0), 1),
+    "zygote-sqrt": ((0.0, math.inf), 0),
+}
+
+
+def _note(text):
+    if text == _messages.NOTE_DERIVATIVE_RULE_NAN:
+        return Note.DERIVATIVE_RULE_NAN, ""
+    if text.startswith("its derivative is "):
+        return Note.DERIVATIVE_IS, text.split()[3]
+    return Note.RETURNED, text.rsplit(" ", 1)[1]
+
+
+def test_origin_events_build_explains_findings():
+    """Every finding of the demo gallery, rebuilt from the facts explain has at its origin."""
+    import gradsan.jax as gsj
+    from gradsan._demo import case as demo_cases
+
+    for case in sorted(demo_cases.CASES):
+        c = demo_cases.CASES[case]()
+        (want,) = gsj.explain(c.grad)(*c.args).findings
+        poison = None
+        if want.form is not None:
+            operands, zero = POISONS[case]
+            poison = Poison(
+                op=want.met_op,
+                where=want.met_where,
+                form=want.form,
+                backward=True,
+                op_class="mul",
+                operands=operands,
+                zero_operand=zero,
+                zero_from=want.zero_from,
+            )
+        note, value = _note(want.detail["note"])
+        ev = Origin(
+            backend="jax",
+            op=want.primitive,
+            where=want.where,
+            phase=want.phase,
+            result=want.result,
+            entry_id=want.catalog_id,
+            backend_op=want.backend_op.removesuffix(" (backward)"),
+            backward=want.backend_op.endswith(" (backward)"),
+            got=want.detail.get("got"),
+            count=want.count,
+            size=want.size,
+            index=want.index,
+            library=want.library,
+            context=want.context,
+            scope=want.scope,
+            outputs=tuple(want.outputs),
+            origin_op=want.detail["origin_op"],
+            note=note,
+            note_value=value,
+            produced=want.detail.get("met_value", ""),
+            poison=poison,
+        )
+        assert _build.build(ev) == want, case
+
+
+def test_origin_of_a_nonfinite_input_jax_wording():
+    ev = Origin(
+        backend="jax",
+        op="input",
+        where=None,
+        phase="value",
+        result="nan",
+        entry_id="nonfinite-input",
+        count=1,
+        size=3,
+        index=(2,),
+        input="x",
+        held="nan",
+    )
+    f = _build.build(ev)
+    assert f.values == "`x` holds nan in 1 of 3 elements, first at [2]"
+    assert f.detail["input"] == "x" and f.kind == "nonfinite"
+
+
+def test_origins_without_a_catalog_entry_are_explained_by_the_builder():
+    base = dict(backend="jax", op="sub", where=None, phase="value", result="nan", origin_op="sub")
+    f = _build.build(
+        Origin(**base, poison=Poison("sub", None, "inf-inf", op_class="sum"), because=None)
+    )
+    assert f.zero_from is None and f.detail["met_text"] == "inf + (-inf) = nan in the `sub`"
+    f = _build.build(Origin(**base, because=_build.Because.NOT_IN_CATALOG))
+    assert f.explanation.startswith("`sub` produced nan from finite inputs.")
+    p = Poison("sub", None, "inf-inf", op_class="sum")
+    f = _build.build(Origin(**base, poison=None, because=_build.Because.CONSTANT_INFS))
+    assert "computed a NaN from infinite inputs" in f.explanation
+    f = _build.build(Origin(**{**base, "poison": p}, because=_build.Because.CONSTANT_INFS))
+    assert "computed inf + (-inf) = nan from infinite inputs" in f.explanation
+    f = _build.build(Origin(**base, because=_build.Because.SHARD_MAP, body_op="log"))
+    assert f.primitive == "log" and f.library == "shard_map" and "`log`" in f.explanation
+
+
+# ---- sanitize -----------------------------------------------------------------------------------
+
+
+# the keys the builder writes from the entry and the event's numbers
+BUILDER_KEYS = (
+    "op",
+    "convention",
+    "subdifferential",
+    "got",
+    "derivative",
+    "comparison",
+    "trivial_count",
+    "tie",
+    "tie_note",
+)
+
+
+def test_kink_events_build_sanitizes_findings():
+    """sanitize's kinks, rebuilt from the facts it has at each one (JAX's value at the kink is
+    the backend's fact; the entry's convention and subdifferential are the builder's words)."""
+    import jax.numpy as jnp
+
+    import gradsan.jax as gsj
+    from gradsan._events import Kink
+
+    programs = [
+        (jax.grad(lambda x: jnp.sum(jnp.abs(x))), (jnp.array([1.0, 0.0]),)),
+        (jax.grad(lambda x, y: jnp.maximum(x, y)), (1.0, 1.0)),
+        (jax.grad(lambda x: jnp.floor(x) * x), (2.0,)),
+        (jax.grad(lambda p: jnp.arctan2(p[0], p[1])), (jnp.zeros(2),)),
+        (jax.grad(lambda x: jnp.where(x > 0, x, 2 * x)), (0.0,)),
+        (jax.grad(lambda x: jnp.maximum(2 * x, x + x)), (1.5,)),  # a trivial tie
+    ]
+    seen = set()
+    for fun, args in programs:
+        for want in gsj.sanitize(fun)(*args).findings:
+            if want.kind not in ("kink", "convention"):
+                continue
+            seen.add((want.catalog_id, want.detail.get("tie")))
+            d = want.detail
+            ev = Kink(
+                backend="jax",
+                entry_id=want.catalog_id,
+                op=d["op"],
+                primitive=want.primitive,
+                where=want.where,
+                backend_op=want.backend_op,
+                got=d.get("got"),
+                count=want.count,
+                size=want.size,
+                index=want.index,
+                library=want.library,
+                context=want.context,
+                scope=want.scope,
+                inadmissible_convention=want.kind == "convention",
+                comparison=d["comparison"].split()[1] if "comparison" in d else None,
+                trivial=d.get("trivial_count"),
+                facts={k: v for k, v in d.items() if k not in BUILDER_KEYS},
+            )
+            assert _build.build(ev) == want, want.catalog_id
+    assert {c for c, _ in seen} >= {
+        "abs-at-zero",
+        "max-tie",
+        "atan2-at-origin",
+        "where-at-boundary",
+    }
+    assert ("max-tie", "trivial") in seen and ("max-tie", "non-trivial") in seen
