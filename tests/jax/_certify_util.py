@@ -8,7 +8,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import gradsan.jax as gsj  # noqa: E402
-from gradsan.jax._certify import min_norm_hull  # noqa: E402
+from gradsan.jax.certify._hull import min_norm_hull  # noqa: E402
 
 # certify(loss) and certify(jax.grad(loss)) certify the same gradient
 WRAPS = [pytest.param(lambda f: f, id="loss"), pytest.param(jax.grad, id="grad")]

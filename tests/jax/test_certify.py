@@ -417,6 +417,25 @@ def test_argnums_other_than_zero(argnums):
         assert float(gs[2]) == pytest.approx(1.0 / (2 * np.sqrt(3.0)), rel=1e-12)
 
 
+@pytest.mark.parametrize("argnums", [1, (2, 1)])
+def test_argnums_as_a_keyword(argnums):
+    """certify(loss, argnums=...) is certify(jax.grad(loss, argnums=...)): the keyword for a
+    gradient whose arguments cannot be read off the function; a conflicting one is refused."""
+    d = jnp.array([1.0, 2.0])
+    by_grad = gsj.certify(jax.grad(_wloss, argnums=argnums))(d, d, 3.0)
+    by_key = gsj.certify(_wloss, argnums=argnums)(d, d, 3.0)
+    assert by_key.findings[0].detail == by_grad.findings[0].detail
+    assert by_key.findings[0].outputs[0].path == by_grad.findings[0].outputs[0].path
+    for a, b in zip(
+        jax.tree_util.tree_leaves(by_key.outputs), jax.tree_util.tree_leaves(by_grad.outputs)
+    ):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(gradsan.UsageError, match="argnums=0"):
+        gsj.certify(jax.grad(_wloss, argnums=argnums), argnums=0)
+    with pytest.raises(gradsan.UsageError, match="argnums must be"):
+        gsj.certify(_wloss, argnums=())
+
+
 _MASK = np.array([True, True, False])
 
 
@@ -539,8 +558,9 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
     order; the values must be flagged, never placed by the unknown coefficient read as 0."""
     from fractions import Fraction
 
-    from gradsan.jax import _certify as C
-    from gradsan.jax import _series as S
+    from gradsan.jax.certify import _series as S
+    from gradsan.jax.certify._registry import FWD
+    from gradsan.jax.certify._values import Ctx
 
     x = jnp.zeros(2)
     eqn = jax.make_jaxpr(jax.lax.sort)(x).eqns[0]
@@ -550,7 +570,7 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
         np.zeros(2, np.int8),
         (2,),
     )
-    outs, _ = C.FWD["sort"](C.Ctx(), eqn, [a], [True])
+    outs, _ = FWD["sort"](Ctx(), eqn, [a], [True])
     assert (outs[0].bad != 0).all()
     b = S.mk(
         {(S.q(Fraction(0)), 0): np.array([1.0, 1.0]), (S.q(Fraction(1)), 0): np.array([2.0, 1.0])},
@@ -558,7 +578,7 @@ def test_sort_order_known_only_below_a_horizon_is_undecided():
         np.zeros(2, np.int8),
         (2,),
     )
-    outs, _ = C.FWD["sort"](C.Ctx(), eqn, [b], [True])  # exact: decided
+    outs, _ = FWD["sort"](Ctx(), eqn, [b], [True])  # exact: decided
     assert (outs[0].bad == 0).all()
     np.testing.assert_array_equal(outs[0].terms[(S.q(Fraction(1)), 0)], [1.0, 2.0])
 
@@ -604,7 +624,7 @@ def test_a_value_compared_with_itself_is_decided():
 def test_min_norm_hull_is_exact_for_several_points(k):
     """The KKT conditions of min |x| over the hull: x . p_i >= |x|^2 for every point, x in the
     hull. (Frank-Wolfe with 500 steps left |x| = 0.022 where the answer is 0.)"""
-    from gradsan.jax._certify import min_norm_hull
+    from gradsan.jax.certify._hull import min_norm_hull
 
     rng = np.random.default_rng(k)
     pts = [rng.standard_normal(7) + 0.5 for _ in range(k)]

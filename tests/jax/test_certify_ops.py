@@ -10,7 +10,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
-from gradsan.jax._certify import min_norm_hull  # noqa: E402
+from gradsan.jax.certify._hull import min_norm_hull  # noqa: E402
 from tests.jax._certify_util import WRAPS, assert_kink, ray_grads, run  # noqa: E402
 
 

@@ -9,8 +9,8 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from gradsan.jax._certify import min_norm_hull  # noqa: E402
-from gradsan.jax._certify_pool import window_index  # noqa: E402
+from gradsan.jax.certify._hull import min_norm_hull  # noqa: E402
+from gradsan.jax.certify.rules.choice import window_index  # noqa: E402
 from tests.jax._certify_util import WRAPS, assert_kink, ray_grads, run  # noqa: E402
 
 
@@ -123,8 +123,8 @@ def test_window_index_matches_the_primitive(cfg):
 
 
 def test_a_wrong_index_is_caught_by_the_primitive():
-    from gradsan.jax._certify_pool import _check_index
-    from gradsan.jax._series import Undecided
+    from gradsan.jax.certify._series import Undecided
+    from gradsan.jax.certify.rules.choice import _check_index
 
     params = dict(
         window_dimensions=(2,),

@@ -12,7 +12,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import gradsan.jax as gsj  # noqa: E402
-from gradsan.jax import _certify as C  # noqa: E402
+from gradsan.jax.certify import _rays as C  # noqa: E402
 
 PM = [1.0, -1.0]
 

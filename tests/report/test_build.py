@@ -22,7 +22,7 @@ def _loss(theta):
 
 
 def _ray(verdict, grad=None, fprime=None, limit=None, certificate="", notes=()):
-    from gradsan.jax._certify import RayResult
+    from gradsan.jax.certify._rays import RayResult
 
     g = None if grad is None else [np.asarray(grad, np.float64)]
     return RayResult(verdict, g, fprime, limit, certificate, list(notes))
@@ -111,7 +111,7 @@ CERT_CASES = {
 
 @pytest.mark.parametrize("case", sorted(CERT_CASES))
 def test_certificate_event_builds_certifys_finding(case):
-    from gradsan.jax import _certify
+    from gradsan.jax.certify import _api as _certify
 
     rays, dirs, unverified, slots = CERT_CASES[case]
     x0s = [np.zeros(2)]

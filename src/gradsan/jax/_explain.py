@@ -18,8 +18,7 @@ from .._events import Because, Note, Origin, Poison
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import build
 from .._report._format import format_value
-from . import _compat, _rules
-from . import _numpy_impl as _numpy
+from . import _compat, _numpy, _rules
 from ._call import (
     arg_labels,
     check_args,

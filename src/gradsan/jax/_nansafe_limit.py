@@ -56,7 +56,7 @@ _CERTIFIERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _certifier(fun: Callable) -> Callable:
     """certify(fun), kept per gradient function: a second incident reuses the traces of the
     loss and of its vmapped form (most of a first certification's time)."""
-    from ._certify import certify
+    from .certify import certify
 
     try:
         c = _CERTIFIERS.get(fun)
