@@ -28,7 +28,7 @@ against the Finding the backend writes itself today, so a port can be checked th
 - jax/_nansafe.py ``_Emitter._finding`` -> :class:`Repair` / :class:`Unresolved`; the merge in
   ``build_report`` (which patches the count into rendered text with ``str.replace``) ->
   ``_report._build.merged`` on the events, before any text is written.
-- jax/_certify.py ``_combine`` -> :class:`Certificate` (its label, certificate text and title
+- jax/certify/_api.py ``_combine`` -> :class:`Certificate` (its label, certificate text and title
   come from ``Verdict`` and the slots).
 
 Where one fact has several fixed wordings (a note on the headline, the reason for a repair),
