@@ -179,8 +179,8 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
 
 
 def _torch_summary(leaves: list, grads: list, frame: Any) -> Any:
-    from .._report import Finding, Report
     from ..torch._explain import output_hit
+    from ..torch._guard import failure_report
     from ..torch._mode import all_finite
 
     namer = _namer_for(frame)
@@ -189,19 +189,7 @@ def _torch_summary(leaves: list, grads: list, frame: Any) -> Any:
         g = p.grad if p.grad is not None else getattr(p, "_gradsan_grad", None)
         if g is not None and g.is_floating_point() and not all_finite(g):
             hits.append(output_hit(namer.name(p), g))
-    report = Report(backend="torch", function="backward")
-    report.findings.append(
-        Finding(
-            kind="nonfinite",
-            catalog_id=None,
-            phase="gradient",
-            primitive="?",
-            where=None,
-            result="nan",
-            outputs=hits,
-        )
-    )
-    return report
+    return failure_report("backward", hits, [])
 
 
 def _namer_for(frame: Any) -> Any:
