@@ -54,6 +54,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_safe.py 11 --n 1000000
 	$(BIN)/python benchmarks/bench_certify.py --repeat 3
 	$(BIN)/python benchmarks/bench_sanitize.py --epochs 1
+	$(BIN)/python benchmarks/bench_mesh.py --rounds 10
 
 bench-full: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_jax.py
@@ -62,6 +63,7 @@ bench-full: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_safe.py 61
 	$(BIN)/python benchmarks/bench_certify.py
 	$(BIN)/python benchmarks/bench_sanitize.py
+	$(BIN)/python benchmarks/bench_mesh.py
 
 # The generated documents: docs/catalog.md from the catalog, docs/conventions.md by measuring
 # both frameworks (`--check` on either script tells whether the committed file is current).
