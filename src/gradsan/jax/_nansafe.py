@@ -42,8 +42,10 @@ from .. import _catalog
 from .._catalog._ops import CAN_MAKE_NONFINITE as _SINGULAR
 from .._catalog._ops import ZERO_TO_ZERO as _ZERO_TO_ZERO
 from .._errors import UsageError
+from .._events import Repair, Rule, Unresolved
 from .._report import Frame, Report
-from .._report._build import catalog_finding
+from .._report._build import build, merged
+from .._report._messages import REASON_UNSELECTED
 from . import _compat, _nansafe_limit, _rules
 from ._call import arg_labels, check_args, check_callable
 from ._compat import bind as _bind
@@ -818,30 +820,14 @@ class _Emitter(Restaging):
     # -- the report --------------------------------------------------------------------------------
     def build_report(self, flags: dict, fun) -> Report:
         rep = Report(function=getattr(fun, "__name__", "function"), backend="jax")
-        margins = {}
-        merged: dict = {}
-        for k, v in flags.items():
-            if k[-1] == "margin":
-                margins[k[:-1]] = float(v)
-        for k, v in flags.items():
-            if k[-1] == "margin":
-                continue
-            n = int(v)
-            if n == 0:
-                continue
-            site = self.sites[k]
-            f = self._finding(site, n, margins)
-            same = (f.kind, f.where, f.primitive, f.detail.get("rule"))
-            prev = merged.get(same)
-            if prev is None:
-                merged[same] = f
-                rep.findings.append(f)
-            else:
-                prev.count += n
-                prev.detail["repaired" if f.kind == "resolved" else "count"] = prev.count
-                prev.values = prev.values.replace(
-                    f"{prev.count - n} element", f"{prev.count} element", 1
-                )
+        margins = {k[:-1]: float(v) for k, v in flags.items() if k[-1] == "margin"}
+        events = [
+            self.event(self.sites[k], int(v), margins)
+            for k, v in flags.items()
+            if k[-1] != "margin" and int(v) != 0
+        ]
+        # one operation at one place is one finding: counts are added on the events
+        rep.findings.extend(build(ev) for ev in merged(events))
         if self.mode == "strong_zero":
             rep.notes.append(
                 "mode='strong_zero': every 0 * inf (and 0 / 0) in the backward pass was set to 0. "
@@ -850,7 +836,9 @@ class _Emitter(Restaging):
             )
         return rep
 
-    def _finding(self, site: _Site, n: int, margins: dict):
+    @staticmethod
+    def event(site: _Site, n: int, margins: dict) -> Repair | Unresolved:
+        """What nansafe decided at one site, as a text-free event."""
         entry = _rules.NANSAFE_ENTRY.get(site.primitive)
         if site.library is not None:
             lib_entry = _catalog.for_library(site.library)
@@ -859,66 +847,37 @@ class _Emitter(Restaging):
         prim = site.primitive
         if site.library and prim == site.op:
             prim = site.library.rsplit(".", 1)[-1]
-        if site.kind == "struct":
-            reasons = []
-            for w in sorted(site.why, key=repr):
-                if isinstance(w, tuple) and w[0] == "select":
-                    m = margins.get(w[1])
-                    reasons.append(
-                        "unselected where branch"
-                        + (f", margin {m:.6g}" if m is not None and np.isfinite(m) else "")
-                    )
-                elif isinstance(w, str):
-                    reasons.append(w)
-            rule = "structural zero: " + ("; ".join(dict.fromkeys(reasons)) or "zero path")
-            detail = {"rule": rule, "repaired": n, "proven": True}
-            kind = "resolved"
-            how = (
-                f"{n} element(s) of `{site.op}` computed 0 * inf (or 0 / 0) with a "
-                "structurally zero factor; set to exactly 0, the true gradient (G3)"
-            )
-        elif site.kind == "conv":
-            detail = {
-                "rule": "strong-zero convention",
-                "repaired": n,
-                "proven": False,
-                "note": "0 * inf := 0 applied where the zero is not known to be "
-                "structural: a convention, NOT a proven gradient",
-            }
-            kind = "resolved"
-            how = (
-                f"{n} element(s) of `{site.op}` set to 0 by the strong-zero convention "
-                "(not proven: can be a wrong finite value)"
-            )
-        else:
-            detail = {
-                "rule": "none: the zero is numerical",
-                "why_unresolved": "the zero that met the inf is not structural (it "
-                "vanishes only at this point), so 0 * inf has no single value here; "
-                "nansafe leaves it non-finite",
-                "note": "deciding it needs the limit engine, gradsan.jax.certify (a later feature)",
-            }
-            kind = "unresolved"
-            how = f"{n} element(s) of `{site.op}` computed 0 * inf (or 0 / 0) and stayed NaN"
-        f = catalog_finding(
+        common: dict[str, Any] = dict(
             backend="jax",
-            entry_id=entry,
-            kind=kind,
-            phase="gradient",
-            primitive=prim,
+            op=prim,
             where=site.where,
-            result="finite" if kind == "resolved" else "nan",
-            backend_op=f"{site.op} (backward)",
+            backend_op=site.op,
+            met_op=site.op,
+            entry_id=entry,
             count=n,
-            size=0,
             library=site.library,
             form="0*inf" if site.op != "div" else "0/0",
-            met_op=site.op,
-            met_where=site.where,
-            detail=detail,
+            backward=True,
         )
-        f.values = how
-        return f
+        if site.kind not in ("struct", "conv"):
+            return Unresolved(**common)
+        reasons: list[str] = []
+        marg: list[float | None] = []
+        for w in sorted(site.why, key=repr):
+            if isinstance(w, tuple) and w[0] == "select":
+                reasons.append(REASON_UNSELECTED)
+                marg.append(margins.get(w[1]))
+            elif isinstance(w, str):
+                reasons.append(w)
+                marg.append(None)
+        rule = Rule.STRUCTURAL if site.kind == "struct" else Rule.STRONG_ZERO
+        return Repair(
+            rule=rule,
+            reasons=tuple(reasons),
+            margins=tuple(marg),
+            proven=rule is Rule.STRUCTURAL,
+            **common,
+        )
 
 
 # -- static signatures of metadata for nested bodies -----------------------------------------------
