@@ -154,6 +154,7 @@ class Kink:
     scope: str = ""
     comparison: str | None = None  # where: the comparison primitive that holds with equality
     trivial: int | None = None  # ties whose candidates are the same function (None: not checked)
+    tied: int | None = None  # the ties ``trivial`` was counted among (None: all ``count``)
     admissible: bool | None = None  # the backend's value lies in the subdifferential
     inadmissible_convention: bool = False  # the backend's value is never admissible here
     # facts about the backend's value at the first hit (value, blocked, branches_agree,

@@ -387,7 +387,8 @@ def kink(ev: Kink) -> Finding:
         detail.comparison = M.WHERE_COMPARISON.format(op=ev.comparison)
     if ev.trivial is not None:
         detail.trivial_count = ev.trivial
-        detail.tie = "trivial" if ev.trivial == ev.count else "non-trivial"
+        tied = ev.tied if ev.tied is not None else ev.count
+        detail.tie = "trivial" if ev.trivial == tied else "non-trivial"
         if detail.tie == "trivial":
             detail.tie_note = M.TIE_TRIVIAL
     if ev.admissible is not None:

@@ -24,8 +24,9 @@ import numpy as np
 from .. import _catalog
 from .._catalog._classify import classify
 from .._catalog._ops import TIES
+from .._events import Kink as KinkEvent
 from .._report import Finding, Frame, Report
-from .._report._build import catalog_finding
+from .._report._build import build
 from .._report._format import format_value
 from . import _compat
 from ._call import check_callable, leaf_owner, random_directions, read_tangents, trace
@@ -379,38 +380,17 @@ class KinkEval(DependenceEval):
 # -- findings -------------------------------------------------------------------------------
 
 
-def kink_finding(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> Finding:
-    entry = _catalog.get(k.entry_id)
-    detail: dict[str, Any] = {"op": k.op}
-    conv = entry.conventions.get("jax")
-    if conv:
-        detail["convention"] = conv
-    detail["subdifferential"] = entry.subdifferential or (
-        "none: the function jumps here" if entry.kind == "discontinuity" else None
-    )
-    detail.update(convention(k))
-    if k.op == "where":
-        detail["comparison"] = f"lhs {k.prim} rhs with lhs == rhs"
-    if trivial is not None and k.op in TIES:
-        n_triv = int(trivial.sum())
-        n_hit = int(k.mask.sum())
-        detail["trivial_count"] = n_triv
-        detail["tie"] = "trivial" if n_triv == n_hit else "non-trivial"
-        if detail["tie"] == "trivial":
-            detail["tie_note"] = (
-                "the tied candidates are the same function of the inputs "
-                "(equal tangents along random directions): the gradient is exact"
-            )
-    kind = "convention" if "jax" in _catalog.get(k.entry_id).inadmissible else "kink"
+def kink_event(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> KinkEvent:
+    """One kink (all its evaluations at one place), as a text-free event: JAX's value there
+    (:func:`convention`) and the tie count are facts; the catalog's words are the builder's."""
+    checked = trivial is not None and k.op in TIES
     prim = k.prim if k.op != "where" else "select_n"
-    f = catalog_finding(
+    return KinkEvent(
         backend="jax",
         entry_id=k.entry_id,
-        kind=kind,
-        phase="gradient",
+        op=k.op,
         primitive=prim if k.op not in ("clamp", "hypot") or k.prim == "clamp" else k.prim,
         where=k.frame,
-        result="finite",
         backend_op=k.eqn.primitive.name,
         got=k.got,
         count=count,
@@ -419,9 +399,16 @@ def kink_finding(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> 
         library=k.scope.library,
         context=k.scope.context,
         scope="/".join(str(p) for p in k.scope.key),
-        detail=detail,
+        comparison=k.prim if k.op == "where" else None,
+        trivial=int(trivial.sum()) if checked and trivial is not None else None,
+        tied=int(k.mask.sum()) if checked else None,
+        inadmissible_convention="jax" in _catalog.get(k.entry_id).inadmissible,
+        facts=convention(k),
     )
-    return f
+
+
+def kink_finding(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> Finding:
+    return build(kink_event(k, count, size, trivial))
 
 
 def kink_findings(ev: KinkEval, per_dir: list[dict], ignore: Sequence[str] = ()) -> list[Finding]:
