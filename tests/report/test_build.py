@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gradsan._events import Certificate, Note, Origin, Poison, Repair, Rule, Unresolved, Verdict
+from gradsan._events import Certificate, Note, Origin, Poison, Verdict
 from gradsan._report import _build, _messages
 from gradsan._report._records import Frame
 
@@ -152,70 +152,69 @@ def _jax_event(site, n, margins=None):
     return _Emitter.event(site, n, margins or {})
 
 
-def _event_of(site, n, margins=None):
-    """What jax/_nansafe knows at a site, as the event it will emit."""
-    from gradsan import _catalog
-    from gradsan.jax._rules import NANSAFE_ENTRY as _ENTRY
-
-    entry = _ENTRY.get(site.primitive)
-    if site.library is not None and _catalog.for_library(site.library) is not None:
-        entry = _catalog.for_library(site.library).id
-    prim = site.primitive
-    if site.library and prim == site.op:
-        prim = site.library.rsplit(".", 1)[-1]
-    common = dict(
-        backend="jax",
-        op=prim,
-        where=site.where,
-        backend_op=site.op,
-        met_op=site.op,
-        entry_id=entry,
-        count=n,
-        library=site.library,
-        form="0*inf" if site.op != "div" else "0/0",
-        backward=True,
-    )
-    if site.kind == "unres":
-        return Unresolved(**common)
-    reasons, marg = [], []
-    for w in sorted(site.why, key=repr):
-        if isinstance(w, tuple) and w[0] == "select":
-            reasons.append(_messages.REASON_UNSELECTED)
-            marg.append((margins or {}).get(w[1]))
-        elif isinstance(w, str):
-            reasons.append(w)
-            marg.append(None)
-    rule = Rule.STRUCTURAL if site.kind == "struct" else Rule.STRONG_ZERO
-    return Repair(
-        rule=rule,
-        reasons=tuple(reasons),
-        margins=tuple(marg),
-        proven=rule is Rule.STRUCTURAL,
-        **common,
-    )
+_STRUCT = (
+    "3 element(s) of `{op}` computed 0 * inf (or 0 / 0) with a structurally zero factor; "
+    "set to exactly 0, the true gradient (G3)"
+)
 
 
 @pytest.mark.parametrize(
-    "site, margins",
+    "site, margins, want",
     [
-        (dict(kind="struct", why=frozenset({("select", "m1")})), {"m1": 1.0}),
-        (dict(kind="struct", why=frozenset({("select", "m1")})), {"m1": float("inf")}),
-        (dict(kind="struct", why=frozenset({"constant zero factor", ("select", "m")})), {}),
-        (dict(kind="struct"), {}),
-        (dict(kind="struct", op="div", library="jnp.linalg.norm"), {}),
-        (dict(kind="conv"), {}),
-        (dict(kind="unres", op="div"), {}),
+        (
+            dict(kind="struct", why=frozenset({("select", "m1")})),
+            {"m1": 1.0},
+            ("resolved", "sqrt-at-zero", "structural zero: unselected where branch, margin 1"),
+        ),
+        (
+            dict(kind="struct", why=frozenset({("select", "m1")})),
+            {"m1": float("inf")},
+            ("resolved", "sqrt-at-zero", "structural zero: unselected where branch"),
+        ),
+        (
+            dict(kind="struct", why=frozenset({"constant zero factor", ("select", "m")})),
+            {},
+            (
+                "resolved",
+                "sqrt-at-zero",
+                "structural zero: constant zero factor; unselected where branch",
+            ),
+        ),
+        (dict(kind="struct"), {}, ("resolved", "sqrt-at-zero", "structural zero: zero path")),
+        (
+            dict(kind="struct", op="div", library="jnp.linalg.norm"),
+            {},
+            ("resolved", "norm-at-zero", "structural zero: zero path"),
+        ),
+        (dict(kind="conv"), {}, ("resolved", "sqrt-at-zero", "strong-zero convention")),
+        (
+            dict(kind="unres", op="div"),
+            {},
+            ("unresolved", "sqrt-at-zero", "none: the zero is numerical"),
+        ),
     ],
 )
-def test_repair_and_unresolved_events_build_nansafes_finding(site, margins):
+def test_nansafes_events_build_its_findings(site, margins, want):
     s = _site(**site)
-    # nansafe emits exactly the event its facts describe (it writes no finding text itself)
-    assert _jax_event(s, 3, margins) == _event_of(s, 3, margins)
+    f = _build.build(_jax_event(s, 3, margins))
+    assert (f.kind, f.catalog_id, f.detail["rule"]) == want
+    assert f.primitive == "sqrt" and f.where == WHERE and f.count == 3
+    if s.kind == "struct":
+        assert f.values == _STRUCT.format(op=s.op) and f.detail["proven"] is True
+    elif s.kind == "conv":
+        assert f.values == (
+            "3 element(s) of `mul` set to 0 by the strong-zero convention "
+            "(not proven: can be a wrong finite value)"
+        )
+        assert f.detail["proven"] is False
+    else:
+        assert f.values == "3 element(s) of `div` computed 0 * inf (or 0 / 0) and stayed NaN"
+        assert f.detail["count"] == 3
 
 
 def test_merged_counts_are_written_once_not_patched_into_text():
     s = _site("struct", frozenset({("select", "m")}))
-    events = _build.merged([_event_of(s, 2), _event_of(s, 1), _event_of(_site("unres"), 4)])
+    events = _build.merged([_jax_event(s, 2), _jax_event(s, 1), _jax_event(_site("unres"), 4)])
     assert [e.count for e in events] == [3, 4]
     f = _build.build(events[0])
     assert f.values.startswith("3 element(s)") and f.detail["repaired"] == 3 and f.count == 3
