@@ -189,12 +189,12 @@ def _user_line(tb: Any) -> str | None:
     """``file:line (function): source`` of the innermost frame of the user's code."""
     import linecache
 
-    from ._source import _file_class
+    from ._source import file_class
 
     found = None
     while tb is not None:
         code = tb.tb_frame.f_code
-        if _file_class(code.co_filename) == "user":
+        if file_class(code.co_filename) == "user":
             found = (code.co_filename, tb.tb_lineno, code.co_name)
         tb = tb.tb_next
     if found is None:

@@ -61,7 +61,7 @@ _PLUMBING = (
 
 
 @functools.lru_cache(maxsize=4096)
-def _file_class(filename: str) -> str:
+def file_class(filename: str) -> str:
     """'user', 'library:<prefix>', 'plumbing' or 'internal' (gradsan/_userfile.py decides
     what is the user's; this adds jax's own machinery and the libraries that can be named)."""
     if is_gradsan_file(filename):
@@ -127,7 +127,7 @@ def _place_of(tb) -> Place:
     library = None
     cvjp = any(c.co_name == "process_custom_vjp_call" for c in codes)
     for code, lasti in zip(codes, lastis):
-        cls = _file_class(code.co_filename)
+        cls = file_class(code.co_filename)
         if cls == "plumbing" or cls == "internal":
             continue
         if key is None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from .. import _compat
 from ._core import Interpreter, Rule, Scope
@@ -140,10 +143,6 @@ def scan_carry_at(eqn: Any, invals: list, i: int) -> list:
 def scan_bad_iterations(eqn: Any, invals: list) -> tuple[np.ndarray, np.ndarray]:
     """Per iteration, whether any value the body returns there is non-finite, and whether any
     is NaN: one compiled scan of the body with the two flags as extra outputs."""
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-
     p = eqn.params
     closed = p["jaxpr"]
     nk = p["num_carry"]
