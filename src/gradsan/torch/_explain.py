@@ -232,6 +232,9 @@ def origin_event(
             node=poison.node.name() if poison.node is not None else None,
             zero_from=poison.zero_from,
             index=poison.index,
+            zero_kind=poison.zero_src.kind if poison.zero_src is not None else None,
+            zero_op=poison.zero_src.step.op if poison.zero_src is not None else "",
+            zero_value=poison.zero_src.step.value if poison.zero_src is not None else "",
         )
     return Origin(
         backend=BACKEND,
