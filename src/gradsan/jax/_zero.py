@@ -281,6 +281,9 @@ class _Walk:
             if node.eqn is not None and all(_is_literal(v) for v in node.eqn.invars):
                 return ZeroStep(B.LITERAL, **step), None
             return ZeroStep(B.VALUE, **step), None
+        if len(zs) > 1:
+            # both factors are 0: the cotangent's zero (a where, a slice upstream) comes first
+            zs.sort(key=lambda z: not _is_backward(node.ins[z[0]]))
         j, i = zs[0]
         if prim in _PRODUCTS or prim == "div":
             if prim == "div" and j != 0:
@@ -295,6 +298,10 @@ class _Walk:
         if self.is_rule_eqn(node):
             return ZeroStep(B.DERIVATIVE, **step), None
         return ZeroStep(B.VALUE, **step), None
+
+
+def _is_backward(src: Any) -> bool:
+    return src is not None and src[0].kind == "eqn" and bool(src[0].backward)
 
 
 def _is_literal(v: Any) -> bool:
@@ -362,9 +369,10 @@ def nan_meeting(start: Any, origin: Any, nan: int) -> tuple[Any, int] | None:
     if not found:
         return None
     for node in reversed(path[:-1]):
-        if node.prim not in ("mul",) or node.zin is None or len(node.ins) != 2:
+        if node.prim not in _PRODUCTS or node.zin is None or len(node.ins) != 2:
             continue
-        idx = node.first_bad
+        # dot_general sums products: the element of the operand is not the output's
+        idx = node.first_bad if node.prim == "mul" else None
         for j in (0, 1):
             other = node.ins[1 - j]
             if other is None or other[0].status[other[1]] != nan:

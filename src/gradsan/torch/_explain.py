@@ -344,6 +344,8 @@ def build_report(
             add(producer, "gradient", hit, _result(grad))
     for k in order:
         g = groups[k]
+        if g.poison is None:  # a NaN that met a zero on its way (0 * nan: the where trap)
+            g.poison = tracer.meetings.get(id(g.root))
         ev = origin_event(
             g.root,
             g.poison,

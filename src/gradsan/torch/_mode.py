@@ -176,6 +176,7 @@ class Tracer:
         # the zero's side (torch/_zero.py): tensors with exact zeros that observed ops made
         self.zero_fwd: dict[Key, Any] = {}
         self.external_keys: set[Key] = set()  # non-finite tensors that came in from outside
+        self.meetings: dict[int, Event] = {}  # origin id -> where its NaN met a zero (0 * nan)
         self.zero_bwd: dict[Key, Any] = {}
         self._blame_stamp: tuple[int, int] = (-1, -1)
 
@@ -335,6 +336,10 @@ class Tracer:
             )
         ):
             ev.intentional = True
+        elif inputs and not nan and all(_constant_mask(a, p) for a, p in inputs):
+            # -inf from a constant tensor built before the step (torch.tensor(numpy_array),
+            # torch.full, a saved mask): an intentional mask, not the problem by itself
+            ev.intentional = True
         self.fwd[key(t)] = ev
 
     def _record_bool(self, name: str, args: tuple, outs: list) -> None:
@@ -428,7 +433,35 @@ class Tracer:
             if nan and not has_nan_in:
                 ev.nan_new = True
                 self._indeterminate(ev, name, args, node)
+            elif nan:
+                self._nan_meets_zero(ev, args, node)
             events[k] = ev
+
+    def _nan_meets_zero(self, ev: Event, args: tuple, node: Any) -> None:
+        """A NaN that an exact zero did not stop (``0 * nan``: the gradient a where or a slice
+        sent to a NaN branch): kept for the NaN's origin, once, as its poison."""
+        nan_in = [p for _, p in ev.inputs if isinstance(p, Event) and p.nan]
+        if not nan_in:
+            return
+        idx = _first_index(torch.isnan(ev.out))
+        for a in args:
+            if not isinstance(a, torch.Tensor) or not is_float(a) or not has_zero(a):
+                continue
+            try:
+                v = torch.broadcast_to(a, ev.out.shape)[idx].item() if idx else a.flatten()[0]
+            except (RuntimeError, ValueError, IndexError):
+                continue
+            if v != 0:
+                continue
+            zsrc = zero_source(self, key(a), None)
+            if zsrc is None or zsrc.kind.value not in ("where", "slice", "mask", "nan-to-num"):
+                continue
+            for root, _ in self.origins(nan_in[0]):
+                if isinstance(root, Event) and id(root) not in self.meetings:
+                    meet = Event("backward", ev.op, ev.tag, node, ev.out, [], form="0*nan")
+                    meet.zero_src, meet.zero_from, meet.index = zsrc, zsrc.frame, idx
+                    self.meetings[id(root)] = meet
+            return
 
     def _indeterminate_forward(self, ev: Event, name: str, args: tuple, kwargs: dict) -> None:
         """A forward op that made a NaN from an inf and a zero (``labels * log(p)``): its form
@@ -454,7 +487,7 @@ class Tracer:
             if vals[0] == 0 and vals[1] == 0:
                 ev.form, zero_i = "0/0", 0
         if zero_i is not None:
-            ev.zero_src = zero_source(self, key(ops[zero_i]), None)
+            ev.zero_src = zero_source(self, key(ops[zero_i]), None, ev.tag)
             if ev.zero_src is not None:
                 ev.zero_from = ev.zero_src.frame
 
@@ -550,11 +583,24 @@ class _Dataflow:
 
     @staticmethod
     def is_intentional(r: Event | External) -> bool:
-        return isinstance(r, Event) and r.intentional
+        if isinstance(r, External):  # a constant -inf mask built before the step
+            return _constant_mask(r.tensor, None)
+        return r.intentional
 
     @staticmethod
     def record(v: Event | External) -> Event | External:
         return v
+
+
+def _constant_mask(t: torch.Tensor, producer: Any) -> bool:
+    """``t`` is an intentional -inf mask: a constant tensor (no gradient, made by no observed
+    operation, or by an intentional one) whose non-finite entries are all -inf."""
+    if isinstance(producer, Event):
+        return producer.intentional
+    if t.requires_grad or not t.is_floating_point():
+        return False
+    bad = ~torch.isfinite(t)
+    return bool(bad.any()) and bool((t[bad] == float("-inf")).all())
 
 
 def _tag_of(node: Any) -> Tag | None:

@@ -182,11 +182,17 @@ class _Walk:
         return ZeroStep(B.VALUE, **step)
 
 
-def zero_source(tracer: Any, zero_key: Any, poison_node: Any) -> ZeroSource | None:
-    """What made the tensor ``zero_key`` (the poison's zero operand) exactly zero."""
+def zero_source(
+    tracer: Any, zero_key: Any, poison_node: Any, forward_tag: Any = None
+) -> ZeroSource | None:
+    """What made the tensor ``zero_key`` (the poison's zero operand) exactly zero. The poison
+    is a backward aten op in ``poison_node``, or a forward product with ``forward_tag``."""
     from ._mode import _tag_of
 
     path = B.follow_zero(zero_key, _Walk(tracer))
+    if forward_tag is not None:
+        first = ZeroStep(B.MUL, frame=forward_tag.frame, op=forward_tag.name)
+        path = [first, *path]
     if poison_node is not None:
         tag = _tag_of(poison_node)
         nm = poison_node.name()
@@ -209,8 +215,9 @@ def record_forward(tracer: Any, name: str, tag: Any, args: tuple, kwargs: dict, 
     for t in outs:
         if not is_float(t) or not has_zero(t):
             continue
-        zin = [key(a) for a in ins if a is not t and has_zero(a)]
         from_bool = any(not is_float(a) for a in ins) and not any(is_float(a) for a in ins)
+        # made from booleans or integers (one-hot labels, a mask): the zero is born here
+        zin = [] if from_bool else [key(a) for a in ins if a is not t and has_zero(a)]
         inf_in = any(is_float(a) and nonfinite(a) is not None for a in ins)
         tracer.zero_fwd[key(t)] = ZeroRec(name, tag, "", zin, from_bool, inf_in, False)
 
