@@ -2,6 +2,7 @@
 operation that made the zero factor of 0 * inf (or 0 / 0) exact, and its kind; the same
 programs as tests/jax/test_zero_sources.py."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -110,3 +111,60 @@ def test_where_trap_in_torch_names(name):
     assert f.detail.get("zero_entry") == "where-trap"
     assert f.suggestions[0].startswith("Double where") and "torch.where(" in f.suggestions[0]
     assert "jnp." not in text and "JAX" not in text
+
+
+class MySqrt(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.sqrt()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g / (2 * y)
+
+
+def test_custom_autograd_function_is_named():
+    x = torch.tensor([0.0, 4.0], requires_grad=True)
+    with gst.explain() as report:
+        (MySqrt.apply(x) * torch.tensor([0.0, 1.0])).sum().backward()  # L:custom
+    f = report.findings[0]
+    assert f.primitive == "MySqrt (custom autograd.Function)" and f.library is None
+    assert f.where.line == line_of("L:custom")
+    assert "inside Tensor.mul" not in str(report)
+
+
+def test_nan_inside_multihead_attention_is_named_by_the_module():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(2, 1)
+    q = torch.ones(2, 1, 2, requires_grad=True)
+    mask = torch.tensor([[False, False], [True, True]])
+    with gst.explain() as report:
+        out, _ = mha(q, q, q, attn_mask=mask)  # L:mha
+        out[:1].sum().backward()
+    assert report.findings
+    for f in report.findings:
+        assert f.catalog_id != "nonfinite-input", str(report)
+        assert f.library == "nn.MultiheadAttention" and f.where.line == line_of("L:mha")
+
+
+NP_MASK = torch.tensor(np.array([[0.0, -np.inf], [-np.inf, -np.inf]], dtype=np.float32))
+
+
+def test_a_minus_inf_mask_from_numpy_is_not_the_origin():
+    q = torch.ones(2, 2, requires_grad=True)
+    with gst.explain() as report:
+        scores = q @ q.T + NP_MASK
+        attn = torch.softmax(scores, dim=-1)  # L:np-softmax
+        torch.sum(attn[:1]).backward()  # L:np-slice
+    f = report.findings[0]
+    assert f.where.line == line_of("L:np-softmax"), str(report)
+    assert f.zero_from.line == line_of("L:np-slice") and f.detail["zero_kind"] == "slice"
+
+
+def test_torch_reports_use_torch_names():
+    for name in CASES:
+        text = str(_report(name))
+        assert "jnp." not in text and "JAX's" not in text and "jax." not in text, text

@@ -7,6 +7,7 @@ import pytest
 from tests.zero.realworld.measure import measure
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_realworld_bars(backend):
     r = measure(backend)

@@ -288,6 +288,10 @@ class Tracer:
         """Tag the Nodes a library function created inside itself with the caller's frame."""
         stack = [n for n, _ in gf.next_functions if n is not None]
         lib = outer.qualname or outer.name
+        mod = outer.module() if outer.module is not None else None
+        if mod is not None and type(mod).__module__.startswith("torch.nn."):
+            # inside a torch.nn module's forward: named by the module the user called
+            lib = f"nn.{type(mod).__name__}"
         while stack:
             n = stack.pop()
             nm = n.name()
@@ -304,7 +308,20 @@ class Tracer:
             except (AttributeError, RuntimeError):
                 pass
             op, operands, params = _rules.node_operands(n)
-            md["gradsan"] = Tag(nm, op, outer.frame, lib, tuple(operands), params, outer.module)
+            fcls = getattr(n, "_forward_cls", None)
+            if fcls is not None:  # a custom autograd.Function: named by its class
+                md["gradsan"] = Tag(
+                    f"{fcls.__name__} (custom autograd.Function)",
+                    None,
+                    outer.frame,
+                    None,
+                    (),
+                    {},
+                    outer.module,
+                    fcls.__qualname__,
+                )
+            else:
+                md["gradsan"] = Tag(nm, op, outer.frame, lib, tuple(operands), params, outer.module)
             stack.extend(m for m, _ in n.next_functions if m is not None)
 
     def _forward_event(
@@ -496,7 +513,11 @@ class Tracer:
         input of the function, or a value made inside a library function (the reciprocal in
         ``1.0 / x``), which was born at the forward op of the Node that saved it."""
         tag = _tag_of(node)
-        if ka in self.external_keys or tag is None or a.requires_grad or a.grad_fn is not None:
+        if a.grad_fn is not None:  # an intermediate a library made: born at its own op
+            tag = _tag_of(a.grad_fn) or tag
+        elif a.requires_grad:  # a leaf: an input or a parameter
+            return External(a)
+        if ka in self.external_keys or tag is None:
             return External(a)
         if any(key(v) == ka for v in self.leaves.values() if isinstance(v, torch.Tensor)):
             return External(a)

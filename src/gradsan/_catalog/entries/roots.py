@@ -353,7 +353,7 @@ DIV_BY_ZERO = Singularity(
     },
     explanation=(
         "Division by an exact 0 gives +-inf (or NaN for 0 / 0). Even when the forward value is "
-        "masked out afterwards (jnp.where), the backward pass still divides by y and the "
+        "masked out afterwards (by a where), the backward pass still divides by y and the "
         "masked branch's gradient, 0 * inf, is NaN."
     ),
     fixes=(
