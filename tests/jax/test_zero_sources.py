@@ -135,3 +135,29 @@ def test_a_zero_that_is_not_a_where_keeps_the_operations_explanation():
     f = gsj.explain(jax.grad(fun))(*args).findings[0]
     assert f.detail.get("zero_entry") is None and f.catalog_id == "sqrt-at-zero"
     assert "multiplies by a mask" in f.detail["met_text"]
+
+
+def sqrt_of(x):
+    return jnp.sum(jnp.sqrt(x))
+
+
+def test_why_tells_a_real_negative_from_rounding():
+    real = gsj.explain(jax.grad(sqrt_of))(jnp.array([-4.0, 1.0])).findings[0]
+    tiny = gsj.explain(jax.grad(sqrt_of))(jnp.array([-1e-9, 1.0])).findings[0]
+    assert real.catalog_id == tiny.catalog_id == "sqrt-of-negative"
+    assert real.explanation.startswith("Here sqrt got -4.0: a real negative value")
+    assert tiny.explanation.startswith("Here sqrt got -1e-09: a negative of rounding size")
+
+
+def test_why_says_a_masked_zero_is_by_design_and_an_underflow_is_not():
+    fun, args, _ = CASES["mask_product"]
+    PAD = jnp.array([1.0, 0.0])
+
+    def masked_log(p):
+        return jnp.sum(jnp.log(p) * PAD)
+
+    f = gsj.explain(jax.grad(masked_log))(jnp.array([0.5, 0.0])).findings[0]
+    assert f.explanation.startswith("Here the 0 that reaches log is excluded by design (a mask)")
+    fun, args, _ = CASES["underflow_exp"]
+    f = gsj.explain(jax.grad(fun))(*args).findings[0]
+    assert f.explanation.startswith("Here the zero factor is a value that underflowed")

@@ -168,3 +168,13 @@ def test_torch_reports_use_torch_names():
     for name in CASES:
         text = str(_report(name))
         assert "jnp." not in text and "JAX's" not in text and "jax." not in text, text
+
+
+def test_sqrt_of_a_negative_is_headlined_as_a_domain_error():
+    x = torch.tensor([-4.0, 1.0], requires_grad=True)
+    with gst.explain() as report:
+        torch.sqrt(x).sum().backward()
+    f = report.findings[0]
+    assert f.catalog_id == "sqrt-of-negative"
+    assert "derivative is inf" not in str(report)
+    assert f.explanation.startswith("Here sqrt got -4.0: a real negative value")

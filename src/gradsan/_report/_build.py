@@ -367,6 +367,10 @@ def origin(ev: Origin) -> Finding:
         f.values = _input_values(ev)
     if ev.poison is not None and ev.poison.zero_kind is ZeroKind.WHERE and ev.because is None:
         _where_trap(f, ev, zero_from)
+    elif ev.because is None and f.explanation:
+        observed = _observed_why(ev, zero_from)
+        if observed:
+            f.explanation = observed + " " + f.explanation
     if ev.because is Because.SHARD_MAP:
         f.primitive = ev.body_op or "shard_map"
         f.library = "shard_map"
@@ -379,6 +383,37 @@ def origin(ev: Origin) -> Finding:
     elif ev.because is Because.NOT_IN_CATALOG:
         f.explanation = M.NOT_IN_CATALOG.format(op=ev.origin_op or ev.op, result=ev.result)
     return f
+
+
+_NEGATIVE_ENTRIES = ("sqrt-of-negative", "log-of-negative", "pow-negative-base")
+_BY_DESIGN = {
+    ZeroKind.MASK: "a mask",
+    ZeroKind.SLICE: "a slice or index drops it",
+    ZeroKind.CONSTANT: "a constant of the program",
+    ZeroKind.NAN_TO_NUM: "nan_to_num replaced it",
+    ZeroKind.BY_DESIGN: "exp(-inf) = 0",
+}
+
+
+def _observed_why(ev: Origin, zero_from: Frame | None) -> str:
+    """A sentence from the values this report saw, put before the entry's generic words."""
+    if ev.entry_id in _NEGATIVE_ENTRIES and ev.got is not None:
+        try:
+            v = float(ev.got) if ev.got_value is None else ev.got_value
+        except ValueError:
+            return ""
+        if v < 0:
+            tmpl = M.WHY_REAL_NEGATIVE if v <= -1e-4 else M.WHY_ROUNDING_NEGATIVE
+            return tmpl.format(op=ev.op, got=ev.got)
+    p = ev.poison
+    if p is None or p.zero_kind is None:
+        return ""
+    if ev.entry_id == "log-at-zero" and p.zero_kind in _BY_DESIGN:
+        return M.WHY_ZERO_BY_DESIGN.format(op=ev.op, what=_BY_DESIGN[p.zero_kind])
+    if p.zero_kind is ZeroKind.UNDERFLOW:
+        what = f"`{_zero.expression(zero_from)}`" if _zero.expression(zero_from) else "exp"
+        return M.WHY_ZERO_UNDERFLOW.format(what=what)
+    return ""
 
 
 WHERE_TRAP = "where-trap"

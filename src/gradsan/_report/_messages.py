@@ -50,6 +50,23 @@ ZERO_STOP = "no gradient flows along this path (an integer value or stop_gradien
 ZERO_VALUE = "{code} is 0 here"
 ZERO_AND = "{zero}, and {form}"
 
+# "why" from what was observed, before the entry's own words
+WHY_REAL_NEGATIVE = (
+    "Here {op} got {got}: a real negative value, far beyond rounding error, so the formula "
+    "itself leaves the domain (it is not a value one ulp below 0)."
+)
+WHY_ROUNDING_NEGATIVE = (
+    "Here {op} got {got}: a negative of rounding size, the typical artefact of a difference "
+    "that should be >= 0."
+)
+WHY_ZERO_BY_DESIGN = (
+    "Here the 0 that reaches {op} is excluded by design ({what}): the NaN is 0 * inf on an "
+    "element the result does not use, not an underflowed probability."
+)
+WHY_ZERO_UNDERFLOW = (
+    "Here the zero factor is a value that underflowed to exactly 0 ({what}), not a zero by design."
+)
+
 # the indeterminate form itself (jax), from the operand values at the first NaN
 FORM_PRODUCT = "{a} * {b} = nan"
 FORM_ZERO_OVER_ZERO = "0.0 / 0.0 = nan"

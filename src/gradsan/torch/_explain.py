@@ -222,7 +222,8 @@ def origin_event(
         got_value = _got_value(tag, hit)
     else:
         count, size, idx = _nonfinite_stats(root.out)
-    sqrt_note = hit is not None and got is not None and tag is not None and tag.op == "sqrt"
+    # sqrt at 0: its derivative is inf; sqrt of a negative is a domain error (NaN), no note
+    sqrt_note = hit is not None and got is not None and hit.entry_id == "sqrt-at-zero"
     p = None
     if isinstance(poison, Event) and poison.form:
         p = Poison(
