@@ -1,6 +1,6 @@
 """Measure gradsan's blame on the real-world cases: origin line, zero-source line, controls.
 
-    PYTHONPATH=<gradsan src> python tests/zero/realworld/measure.py [jax|torch|both] [-v]
+    PYTHONPATH=<gradsan src> python tests/zero/realworld/measure.py [jax|torch|both] [-v] [--heldout]
 
 Prints, per backend: the origin right (of the cases with a report expected), the zero's source
 right (of the cases whose zero is made on another line than the origin), and the reports on the
@@ -47,8 +47,9 @@ def _run_torch(fun, args):
     return report
 
 
-def measure(backend: str, verbose: bool = False) -> dict:
-    mod = importlib.import_module(f"tests.zero.realworld.{backend}_cases")
+def measure(backend: str, verbose: bool = False, prefix: str = "") -> dict:
+    """``prefix``: "" for the first set, "heldout_" for the second."""
+    mod = importlib.import_module(f"tests.zero.realworld.{prefix}{backend}_cases")
     marks = _marks(mod.__file__)
     run = _run_jax if backend == "jax" else _run_torch
     origin_ok = origin_n = zero_ok = zero_n = clean_reports = clean_n = 0
@@ -87,9 +88,10 @@ def measure(backend: str, verbose: bool = False) -> dict:
 def main() -> None:
     which = [a for a in sys.argv[1:] if not a.startswith("-")] or ["both"]
     verbose = "-v" in sys.argv
+    prefix = "heldout_" if "--heldout" in sys.argv else ""
     backends = ["jax", "torch"] if which[0] == "both" else which
     for b in backends:
-        r = measure(b, verbose)
+        r = measure(b, verbose, prefix)
         (oo, on), (zo, zn), (cr, cn) = r["origin"], r["zero"], r["clean"]
         print(
             f"{b}: origin right {oo}/{on} ({100 * oo / max(on, 1):.0f}%), "
