@@ -77,7 +77,7 @@ def zero_mask(x: Any) -> np.ndarray | None:
         a = np.asarray(x)
     except Exception:  # a value numpy cannot read (a key, a token)
         return None
-    if a.dtype.kind not in "fciub":
+    if _kind(a.dtype) not in ("f", "c", "i", "u", "b"):
         return None
     with np.errstate(all="ignore"):
         m = ~a if a.dtype.kind == "b" else a == 0
@@ -96,8 +96,7 @@ def record_zeros(node: Any, invals: list, outvals: list) -> None:
     zs: list[np.ndarray | None] = []
     any_zero = False
     for o in outvals:
-        dt = getattr(o, "dtype", None)
-        if dt is None or np.dtype(dt).kind not in "fc":
+        if _kind(getattr(o, "dtype", None)) not in ("f", "c"):
             zs.append(None)
             continue
         z = zero_mask(o)
@@ -110,6 +109,16 @@ def record_zeros(node: Any, invals: list, outvals: list) -> None:
     if node.prim == "select_n" and invals:
         c = np.asarray(invals[0])
         node.choice = c.astype(np.int32) if c.size <= _MAX_MASK else None
+
+
+def _kind(dt: Any) -> str:
+    """numpy's kind letter of a dtype, "" for None or a dtype numpy cannot read (PRNG keys)."""
+    if dt is None:
+        return ""
+    try:
+        return np.dtype(dt).kind
+    except TypeError:
+        return ""
 
 
 def _shape(m: np.ndarray | None) -> tuple | None:
@@ -271,7 +280,7 @@ class _Walk:
             dt = None
             if node.eqn is not None:
                 dt = getattr(node.eqn.invars[0].aval, "dtype", None)
-            if dt is not None and np.dtype(dt).kind in "biu":
+            if _kind(dt) in ("b", "i", "u"):
                 return ZeroStep(B.BOOL, **step), None
         if not zs:
             if prim in _PRODUCTS or prim in ("div", "integer_pow", "pow", "sqrt", "square"):
