@@ -283,6 +283,10 @@ class _Walk:
             if _kind(dt) in ("b", "i", "u"):
                 return ZeroStep(B.BOOL, **step), None
         if not zs:
+            if _constant(src):  # made from constants only (1 - eye): a mask of the program
+                return ZeroStep(
+                    B.CONST, op=prim, **{k: v for k, v in step.items() if k != "op"}
+                ), None
             if prim in _PRODUCTS or prim in ("div", "integer_pow", "pow", "sqrt", "square"):
                 return ZeroStep(B.UNDERFLOW, **step), None
             if prim in ("sub", "add", "add_any"):
@@ -307,6 +311,19 @@ class _Walk:
         if self.is_rule_eqn(node):
             return ZeroStep(B.DERIVATIVE, **step), None
         return ZeroStep(B.VALUE, **step), None
+
+
+def _constant(src: Any, depth: int = 0) -> bool:
+    """``src`` is computed from constants of the program only (literals, captured constants,
+    iota): it does not depend on the function's inputs."""
+    if src is None:
+        return True
+    node = src[0]
+    if node.kind in ("const", "literal"):
+        return True
+    if node.kind != "eqn" or depth > 32 or node.backward:
+        return False
+    return all(_constant(s, depth + 1) for s in node.ins)
 
 
 def _is_backward(src: Any) -> bool:

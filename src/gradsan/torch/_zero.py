@@ -75,6 +75,13 @@ _CREATE = {
     "zero_",
     "fill",
     "masked_fill",
+    "eye",
+    "ones",
+    "ones_like",
+    "arange",
+    "linspace",
+    "tril",
+    "triu",
 }
 _EXP = {"exp", "exp2", "sigmoid", "softmax", "expm1", "aten.exp", "aten.sigmoid"}
 
