@@ -66,6 +66,23 @@ class Because(enum.Enum):
     NOT_IN_CATALOG = "not-in-catalog"  # an operation the catalog does not know
 
 
+class ZeroKind(enum.Enum):
+    """What made the zero factor of an indeterminate product (0 * inf, 0 / 0) exactly zero."""
+
+    WHERE = "where"  # an unselected where/select branch: its gradient (or value) is 0
+    NAN_TO_NUM = "nan-to-num"  # nan_to_num replaced the value; the replaced element's gradient is 0
+    MASK = "mask"  # a product with a mask (a constant or an input holding zeros)
+    SLICE = "slice"  # a slice, gather or indexing dropped the element: its gradient is 0
+    CONSTANT = "constant"  # a constant of the program (a literal 0, one-hot labels, a mask)
+    INPUT = "input"  # the zero is in an input of the function
+    DERIVATIVE = "derivative"  # a derivative that vanishes there (d(x**2)/dx at 0, 0 ** theta)
+    UNDERFLOW = "underflow"  # a finite result rounded to exactly 0 (exp(-200) in float32)
+    BY_DESIGN = "by-design"  # exactly 0 by design: exp(-inf) (the weight of a -inf mask)
+    CANCEL = "cancel"  # a difference of equal values (x - x)
+    STOP = "stop"  # no gradient flows along this path (an integer or stop_gradient)
+    VALUE = "value"  # an operation whose value is 0 there (floor(0.5), relu of a negative)
+
+
 class Rule(enum.Enum):
     """How nansafe decided a value."""
 
@@ -91,6 +108,11 @@ class Poison:
     zero_operand: int | None = None  # which operand held the zero
     zero_from: Frame | None = None  # where that zero was computed
     zero_constant: bool = False  # the zero is a constant of the program
+    # what made the zero exact (the operation at ``zero_from``), followed back along the dataflow
+    zero_kind: ZeroKind | None = None
+    zero_op: str = ""  # the backend operation that made it ("select_n", "aten.where")
+    zero_text: str = ""  # WHERE: the condition's source text; INPUT/CONSTANT: the value's name
+    zero_value: str = ""  # UNDERFLOW/BY_DESIGN: the operand that made it (formatted)
     index: Index | None = None  # the first NaN
 
 

@@ -2,7 +2,10 @@
 
 import dataclasses
 
+from gradsan import _blame as Z
 from gradsan._blame import Blame
+from gradsan._events import ZeroKind
+from gradsan._report._records import Frame
 
 
 @dataclasses.dataclass(eq=False)
@@ -240,3 +243,40 @@ def test_jax_explain_blames_as_before_it_moved_onto_gradsan_blame():
                 assert explain._origins(got_blame, (node, k)) == want
                 found = adapter.origins((node, k))
                 assert ([f for f in found if f[0].kind != "const"] or found) == want
+
+
+# ---- the zero's side: one classification for both backends ------------------------------------
+
+
+F12 = Frame("loss.py", 12, function="loss", code="return jnp.where(x > 0, y, 0.0)")
+F20 = Frame("loss.py", 20, function="loss", code="y = d * MASK")
+
+
+def test_classify_zero_names_the_where_that_chose_a_literal_zero():
+    path = [Z.ZeroStep(Z.PASS), Z.ZeroStep(Z.SELECT, frame=F12), Z.ZeroStep(Z.LITERAL)]
+    src = Z.classify_zero(path)
+    assert src is not None and src.kind is ZeroKind.WHERE and src.frame == F12
+
+
+def test_classify_zero_mask_slice_derivative_and_births():
+    mask = [Z.ZeroStep(Z.MUL, frame=F20, backward=True), Z.ZeroStep(Z.CONST)]
+    assert Z.classify_zero(mask).kind is ZeroKind.MASK
+    drop = [Z.ZeroStep(Z.DROP, frame=F20), Z.ZeroStep(Z.LITERAL)]
+    assert Z.classify_zero(drop).kind is ZeroKind.SLICE
+    deriv = [Z.ZeroStep(Z.MUL, backward=True), Z.ZeroStep(Z.DERIVATIVE, frame=F20)]
+    assert Z.classify_zero(deriv).kind is ZeroKind.DERIVATIVE
+    assert Z.classify_zero([Z.ZeroStep(Z.UNDERFLOW, frame=F20)]).kind is ZeroKind.UNDERFLOW
+    assert Z.classify_zero([Z.ZeroStep(Z.BY_DESIGN, frame=F20)]).kind is ZeroKind.BY_DESIGN
+    # a zero in the input, met by the cotangent of a product: that product's derivative
+    inp = [Z.ZeroStep(Z.MUL, frame=F20, backward=True), Z.ZeroStep(Z.INPUT, text="x")]
+    assert Z.classify_zero(inp).kind is ZeroKind.DERIVATIVE
+    assert Z.classify_zero([Z.ZeroStep(Z.INPUT, text="x")]).kind is ZeroKind.INPUT
+    assert Z.classify_zero([]) is None
+
+
+def test_classify_zero_takes_the_nearest_line_for_library_steps():
+    # a select inside a library function has no frame of its own: the nearest user line
+    path = [Z.ZeroStep(Z.PASS, frame=F12), Z.ZeroStep(Z.SELECT, library="jnp.nan_to_num")]
+    path.append(Z.ZeroStep(Z.LITERAL))
+    src = Z.classify_zero(path)
+    assert src.kind is ZeroKind.NAN_TO_NUM and src.frame == F12

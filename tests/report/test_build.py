@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gradsan._events import Certificate, Note, Origin, Poison, Verdict
+from gradsan._events import Certificate, Note, Origin, Poison, Verdict, ZeroKind
 from gradsan._report import _build, _messages
 from gradsan._report._records import Frame
 
@@ -228,6 +228,15 @@ POISONS = {
     "flux-normalise": ((-0.0, math.inf), 0),
     "pairwise-distance": ((-math.inf, 0.0), 1),
     "zygote-sqrt": ((0.0, math.inf), 0),
+    "where-trap": ((0.0, 0.0), 0),
+}
+# what made each zero exact (Poison.zero_kind, and zero_value: the where's condition there)
+ZEROS = {
+    "abs-vs-norm": (ZeroKind.DERIVATIVE, ""),
+    "flux-normalise": (ZeroKind.CANCEL, ""),
+    "pairwise-distance": (ZeroKind.DERIVATIVE, ""),
+    "zygote-sqrt": (ZeroKind.DERIVATIVE, ""),
+    "where-trap": (ZeroKind.WHERE, "False"),
 }
 
 
@@ -250,15 +259,19 @@ def test_origin_events_build_explains_findings():
         poison = None
         if want.form is not None:
             operands, zero = POISONS[case]
+            zero_kind, zero_value = ZEROS[case]
+            assert want.detail["zero_kind"] == zero_kind.value, case
             poison = Poison(
                 op=want.met_op,
                 where=want.met_where,
                 form=want.form,
                 backward=True,
-                op_class="mul",
+                op_class="div" if want.form == "0/0" else "mul",
                 operands=operands,
                 zero_operand=zero,
                 zero_from=want.zero_from,
+                zero_kind=zero_kind,
+                zero_value=zero_value,
             )
         note, value = _note(want.detail["note"])
         ev = Origin(

@@ -26,8 +26,10 @@ from .._events import (
     Rule,
     Unresolved,
     Verdict,
+    ZeroKind,
 )
 from . import _messages as M
+from . import _zero
 from ._format import format_value
 from ._records import (
     CertificateDetails,
@@ -246,7 +248,7 @@ def form_text(p: Poison) -> str:
     vals = p.operands
     pair = vals is not None and len(vals) == 2 and all(v is not None for v in vals)
     if p.op_class == "mul":
-        if pair and p.form == "0*inf":
+        if pair and p.form in ("0*inf", "0*nan"):
             assert vals is not None
             return M.FORM_PRODUCT.format(a=_format(vals[0]), b=_format(vals[1]))
         return ""
@@ -269,20 +271,30 @@ def _met(ev: Origin, detail: OriginDetails) -> tuple[Frame | None, Frame | None,
     p = ev.poison
     if p is None:
         return None, None, None
+    if p.zero_kind is not None:
+        detail.zero_kind = p.zero_kind.value
     if ev.backend == "torch":
         if not p.form:
             return None, None, None
         met_op = M.MET_OP_IN_NODE.format(op=p.op, node=p.node) if p.node is not None else p.op
         detail.met_text = M.MET_TORCH.format(form=p.form, met_op=met_op)
+        zero = _zero.sentence(p, p.zero_from)
+        if zero:
+            detail.met_text = M.ZERO_AND.format(zero=zero, form=detail.met_text)
         return p.zero_from, None, met_op
     text = form_text(p)
     phase = M.MET_JAX_BACKWARD if p.backward else ""
     met_text = M.MET_JAX.format(text=text, phase=phase, op=p.op) if text else ""
     detail.met_value = ev.produced or ev.result
+    if p.form == "0/0":  # g / x with g == 0 and x == 0: the inf is the slope 1 / x
+        detail.met_value = "inf"
     zero_from = None
     if p.zero_operand is not None:
         zero_from = p.zero_from
-        if p.zero_constant:
+        zero = _zero.sentence(p, zero_from)
+        if zero and met_text:
+            met_text = M.ZERO_AND.format(zero=zero, form=met_text)
+        elif p.zero_constant:
             met_text += M.MET_ZERO_CONSTANT
         else:
             met_text = M.MET_ZERO_HERE + met_text
@@ -353,6 +365,12 @@ def origin(ev: Origin) -> Finding:
     )
     if ev.input is not None:
         f.values = _input_values(ev)
+    if ev.poison is not None and ev.poison.zero_kind is ZeroKind.WHERE and ev.because is None:
+        _where_trap(f, ev, zero_from)
+    elif ev.because is None and f.explanation:
+        observed = _observed_why(ev, zero_from)
+        if observed:
+            f.explanation = observed + " " + f.explanation
     if ev.because is Because.SHARD_MAP:
         f.primitive = ev.body_op or "shard_map"
         f.library = "shard_map"
@@ -365,6 +383,58 @@ def origin(ev: Origin) -> Finding:
     elif ev.because is Because.NOT_IN_CATALOG:
         f.explanation = M.NOT_IN_CATALOG.format(op=ev.origin_op or ev.op, result=ev.result)
     return f
+
+
+_NEGATIVE_ENTRIES = ("sqrt-of-negative", "log-of-negative", "pow-negative-base")
+_BY_DESIGN = {
+    ZeroKind.MASK: "a mask",
+    ZeroKind.SLICE: "a slice or index drops it",
+    ZeroKind.CONSTANT: "a constant of the program",
+    ZeroKind.NAN_TO_NUM: "nan_to_num replaced it",
+    ZeroKind.BY_DESIGN: "exp(-inf) = 0",
+}
+
+
+def _observed_why(ev: Origin, zero_from: Frame | None) -> str:
+    """A sentence from the values this report saw, put before the entry's generic words."""
+    if ev.entry_id in _NEGATIVE_ENTRIES and ev.got is not None:
+        try:
+            v = float(ev.got) if ev.got_value is None else ev.got_value
+        except ValueError:
+            return ""
+        if v < 0:
+            tmpl = M.WHY_REAL_NEGATIVE if v <= -1e-4 else M.WHY_ROUNDING_NEGATIVE
+            return tmpl.format(op=ev.op, got=ev.got)
+    p = ev.poison
+    if p is None or p.zero_kind is None:
+        return ""
+    if ev.entry_id == "log-at-zero" and p.zero_kind in _BY_DESIGN:
+        return M.WHY_ZERO_BY_DESIGN.format(op=ev.op, what=_BY_DESIGN[p.zero_kind])
+    if p.zero_kind is ZeroKind.UNDERFLOW:
+        what = f"`{_zero.expression(zero_from)}`" if _zero.expression(zero_from) else "exp"
+        return M.WHY_ZERO_UNDERFLOW.format(what=what)
+    return ""
+
+
+WHERE_TRAP = "where-trap"
+
+
+def _where_trap(f: Finding, ev: Origin, zero_from: Frame | None) -> None:
+    """The where trap: the where that did not select the branch explains the NaN. Its entry's
+    title and explanation lead, and its double-where fix comes first, in the user's names."""
+    try:
+        entry = _catalog.get(WHERE_TRAP)
+    except KeyError:
+        return
+    f.title = entry.title
+    f.explanation = entry.explanation
+    cond = _zero.condition(zero_from)
+    fixes = [
+        f"{fx.summary}\n{_zero.double_where(fx.code(ev.backend), cond, ev.where)}"
+        for fx in entry.fixes
+    ]
+    f.suggestions = fixes + f.suggestions
+    f.detail["zero_entry"] = WHERE_TRAP
 
 
 def kink(ev: Kink) -> Finding:

@@ -29,6 +29,44 @@ MET_JAX = "{text} in the {phase}`{op}`"
 MET_JAX_BACKWARD = "backward "
 MET_ZERO_HERE = "the zero came from here: "
 MET_ZERO_CONSTANT = " (the zero is a constant)"
+# what made the zero exact (events.ZeroKind), then ", and " and the form
+ZERO_THIS_OPERATION = "this operation"
+ZERO_WHERE = "{code} did not select this branch{state}, so its gradient is 0"
+ZERO_WHERE_STATE = " (`{cond}` is {value} here)"
+ZERO_WHERE_COND = " (condition `{cond}`)"
+ZERO_NAN_TO_NUM = (
+    "{code} replaced the non-finite value: that fixes the value, not the gradient, and the "
+    "replaced element's gradient is 0"
+)
+ZERO_MASK = "{code} multiplies by a mask{name} that is 0 here, so the gradient through it is 0"
+ZERO_SLICE = "{code} does not use this element (slicing or indexing drops it), so its gradient is 0"
+ZERO_CONSTANT = "the zero is a constant of the program: {code}"
+ZERO_INPUT = "the zero is in the input `{name}`"
+ZERO_DERIVATIVE = "the derivative of {code} is 0 here"
+ZERO_UNDERFLOW = "{code} underflowed to exactly 0"
+ZERO_BY_DESIGN = "{code} is exactly 0 by design: exp(-inf) = 0, the weight of a -inf entry"
+ZERO_CANCEL = "{code} is a difference of equal values: exactly 0"
+ZERO_STOP = "no gradient flows along this path (an integer value or stop_gradient): it is 0"
+ZERO_VALUE = "{code} is 0 here"
+ZERO_AND = "{zero}, and {form}"
+
+# "why" from what was observed, before the entry's own words
+WHY_REAL_NEGATIVE = (
+    "Here {op} got {got}: a real negative value, far beyond rounding error, so the formula "
+    "itself leaves the domain (it is not a value one ulp below 0)."
+)
+WHY_ROUNDING_NEGATIVE = (
+    "Here {op} got {got}: a negative of rounding size, the typical artefact of a difference "
+    "that should be >= 0."
+)
+WHY_ZERO_BY_DESIGN = (
+    "Here the 0 that reaches {op} is excluded by design ({what}): the NaN is 0 * inf on an "
+    "element the result does not use, not an underflowed probability."
+)
+WHY_ZERO_UNDERFLOW = (
+    "Here the zero factor is a value that underflowed to exactly 0 ({what}), not a zero by design."
+)
+
 # the indeterminate form itself (jax), from the operand values at the first NaN
 FORM_PRODUCT = "{a} * {b} = nan"
 FORM_ZERO_OVER_ZERO = "0.0 / 0.0 = nan"

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _catalog
 from .._blame import Blame
 from .._catalog._classify import classify
-from .._events import Because, Note, Origin, Poison
+from .._events import Because, Note, Origin, Poison, ZeroKind
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import build
 from .._report._format import format_value
@@ -28,6 +28,7 @@ from ._call import (
     trace_call,
 )
 from ._source import Place, custom_vjp_rule_frame, exclude_gradsan, place
+from ._zero import nan_meeting, record_zeros, zero_mask, zero_source
 from .interpreter import UNROLL, Interpreter, Scope, to_numpy
 from .interpreter._devices import enter_shard_map, holder
 from .interpreter._unroll import scan_bad_iterations, scan_carry_at, scan_rule
@@ -66,6 +67,11 @@ class Node:
     run: int = 0  # consecutive equations at one source position share it
     body_frame: Frame | None = None  # shard_map: the body's first user line
     body_prim: str = ""
+    # the zero's side (jax/_zero.py): where an output holds exact zeros, the zero masks of the
+    # outputs and inputs, and select_n's chosen case
+    zout: tuple | None = None
+    zin: tuple | None = None
+    choice: Any = None
 
     @property
     def prim(self) -> str:
@@ -231,8 +237,10 @@ class Provenance(Interpreter):
                 n.outs = [to_numpy(a)]
                 n.first_bad = _first_bad(a)
                 in_srcs.append((n, 0))
-            else:
-                in_srcs.append(None)
+            else:  # a finite input: a node all the same, so a zero can be traced to it
+                n = Node("input", scope=top, status=(st,), seq=next(self._seq), label=label)
+                n.zout = (zero_mask(a),)
+                in_srcs.append((n, 0))
         return self.run_closed(closed, args, in_srcs, top)
 
     def scan_iterations(
@@ -298,14 +306,22 @@ class Provenance(Interpreter):
     def const_side(self, value: Any, label: str) -> Src | None:
         st = _status(value)
         if st == FINITE:
-            return None
+            z = zero_mask(value)
+            if z is None:
+                return None
+            # a finite constant holding zeros (a mask): a node, so a zero can be traced to it
+            n = Node("const", status=(st,), seq=next(self._seq), label=label, zout=(z,))
+            return (n, 0)
         n = Node("const", status=(st,), seq=next(self._seq), label=label)
         n.outs = [to_numpy(value)]
         n.first_bad = _first_bad(value)
         return (n, 0)
 
     def literal_side(self, value: Any) -> Src | None:
-        return self.const_side(value, f"the literal {value}")
+        side = self.const_side(value, f"the literal {value}")
+        if side is not None and side[0].status == (FINITE,):
+            side[0].kind = "literal"
+        return side
 
     def run(self, jaxpr, consts, const_sides, args, arg_sides, scope):  # type: ignore[override]
         self._last.pop(scope.id, None)
@@ -356,6 +372,7 @@ class Provenance(Interpreter):
             if not any(in_bad) or (NAN in status and not any(in_nan)):
                 node.operands = [to_numpy(v) for v in invals]
                 node.outs = [to_numpy(o) for o in outvals]
+        record_zeros(node, invals, outvals)
         if self.check_hits and not node.backward:
             op = _rules.canonical_op(eqn.primitive.name)
             if op is not None:
@@ -426,12 +443,44 @@ class _Dataflow:
         return v[0]
 
 
-def _origins(blame: Blame, src: Src) -> list[tuple[Node, Node | None]]:
+def _origins(blame: Blame, src: Src) -> list[tuple[Node, Node | Poison | None]]:
     """The origins of ``src`` and their poisons; a non-finite constant is named only when
-    nothing else made the value non-finite."""
+    nothing else made the value non-finite. An origin of a NaN without a poison: where that
+    NaN was multiplied by an exact zero on its way (``0 * nan``, the where trap), if it was."""
     found = blame.origins(src)
     real = [f for f in found if f[0].kind != "const"]
-    return real or found
+    out: list[tuple[Node, Node | Poison | None]] = []
+    for origin, poison in real or found:
+        if poison is None and origin.kind == "eqn" and NAN in origin.status:
+            meet = nan_meeting(src, origin, NAN)
+            if meet is not None:
+                out.append((origin, _meeting(*meet)))
+                continue
+        out.append((origin, poison))
+    return out
+
+
+def _meeting(node: Node, zero: int) -> Poison:
+    """The product where a NaN met an exact zero (``0 * nan``) and stayed NaN, as a Poison."""
+    idx = tuple(node.first_bad) if node.first_bad else ()
+    zsrc, _ = zero_source(node, zero, idx, _is_rule_eqn)
+    vals = (0.0, float("nan")) if zero == 0 else (float("nan"), 0.0)
+    return Poison(
+        op=node.prim,
+        where=node.user_frame,
+        form="0*nan",
+        backward=node.backward,
+        op_class="mul",
+        operands=vals,
+        zero_operand=zero,
+        zero_from=(zsrc.frame if zsrc is not None else None) or node.user_frame,
+        zero_constant=zsrc is None,
+        index=idx or None,
+        zero_kind=zsrc.kind if zsrc is not None else None,
+        zero_op=zsrc.step.op if zsrc is not None else "",
+        zero_text=zsrc.step.text if zsrc is not None else "",
+        zero_value=zsrc.step.value if zsrc is not None else "",
+    )
 
 
 def _forward_node(interp: Provenance, origin: Node) -> Node | None:
@@ -526,12 +575,18 @@ def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
         op_class = "product"
         form = "0*inf" if any(np.any(np.asarray(o) == 0) for o in ops) else "inf-inf"
     zero_from, constant = None, False
+    zsrc: Any = None
     if zero is not None and zero_from_frames:
-        zsrc = node.ins[zero]
+        # follow the zero back to the operation that made it exact
+        zsrc, _ = zero_source(node, zero, tuple(idx) if idx else (), _is_rule_eqn)
         if zsrc is not None:
-            zero_from = zsrc[0].user_frame
-        else:  # the zero has no history: a constant of the program
-            zero_from, constant = node.user_frame, True
+            zero_from = zsrc.frame
+            constant = zsrc.kind in (ZeroKind.CONSTANT, ZeroKind.STOP) and zsrc.step.op in (
+                "literal",
+                "",
+            )
+        if zero_from is None:
+            zero_from, constant = node.user_frame, zsrc is None
     return Poison(
         op=prim,
         where=node.user_frame,
@@ -543,7 +598,17 @@ def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
         zero_from=zero_from,
         zero_constant=constant,
         index=tuple(idx) if idx else None,
+        zero_kind=zsrc.kind if zsrc is not None else None,
+        zero_op=zsrc.step.op if zsrc is not None else "",
+        zero_text=zsrc.step.text if zsrc is not None else "",
+        zero_value=zsrc.step.value if zsrc is not None else "",
     )
+
+
+def _is_rule_eqn(node: Node) -> bool:
+    """An equation of a derivative rule: not the first at its source position (the primal op
+    is), in the forward pass."""
+    return not node.backward and node.kind == "eqn" and node.run != node.seq + 1
 
 
 def _device_facts(
@@ -569,7 +634,7 @@ def _device_facts(
 
 
 def _origin_event(
-    interp: Provenance, origin: Node, poison: Node | None, hits: list[OutputHit]
+    interp: Provenance, origin: Node, poison: Node | Poison | None, hits: list[OutputHit]
 ) -> Origin:
     """What explain knows about one origin, as a text-free event."""
     if origin.kind in ("input", "const"):
@@ -665,7 +730,7 @@ def _origin_event(
     else:
         note, note_value = Note.RETURNED, result
     ctx = origin.scope.context if origin.scope else ""
-    if poison is not None and poison.scope is not None and poison.scope.context and not ctx:
+    if isinstance(poison, Node) and poison.scope is not None and poison.scope.context and not ctx:
         ctx = poison.scope.context
     device, coord, global_index, words = _device_facts(interp, origin, fwd, index)
     if words:
@@ -686,6 +751,18 @@ def _origin_event(
         because, own_poison = Because.CONSTANT_INFS, _poison(origin, zero_from_frames=False)
     elif entry_id is None:
         because = Because.NOT_IN_CATALOG
+    if (
+        poison is None
+        and own_poison is None
+        and origin.prim == "div"
+        and origin.backward
+        and origin.status
+        and max(origin.status) == NAN
+    ):
+        # 0 / 0 from finite operands (log's cotangent g / x with g == 0): its own poison
+        p = _poison(origin)
+        if p.form == "0/0":
+            own_poison = p
     return Origin(
         backend="jax",
         op=primitive,
@@ -708,7 +785,13 @@ def _origin_event(
         note=note,
         note_value=note_value,
         custom_vjp_call=call_site,
-        poison=_poison(poison) if poison is not None else own_poison,
+        poison=(
+            poison
+            if isinstance(poison, Poison)
+            else _poison(poison)
+            if poison is not None
+            else own_poison
+        ),
         because=because,
         body_op=body_op,
         device=device,
@@ -718,7 +801,7 @@ def _origin_event(
 
 
 def _origin_finding(
-    interp: Provenance, origin: Node, poison: Node | None, hits: list[OutputHit]
+    interp: Provenance, origin: Node, poison: Node | Poison | None, hits: list[OutputHit]
 ) -> Finding:
     return build(_origin_event(interp, origin, poison, hits))
 
@@ -767,7 +850,7 @@ def diagnose(
         outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
     blame: Blame = Blame(_Dataflow())
-    groups: dict[int, tuple[Node, Node | None, list[OutputHit]]] = {}
+    groups: dict[int, tuple[Node, Node | Poison | None, list[OutputHit]]] = {}
     order: list[int] = []
     for val, src, (label, kind) in zip(outs, out_srcs, out_labels):
         if src is None or _stat(src) == FINITE:

@@ -222,7 +222,8 @@ def origin_event(
         got_value = _got_value(tag, hit)
     else:
         count, size, idx = _nonfinite_stats(root.out)
-    sqrt_note = hit is not None and got is not None and tag is not None and tag.op == "sqrt"
+    # sqrt at 0: its derivative is inf; sqrt of a negative is a domain error (NaN), no note
+    sqrt_note = hit is not None and got is not None and hit.entry_id == "sqrt-at-zero"
     p = None
     if isinstance(poison, Event) and poison.form:
         p = Poison(
@@ -232,6 +233,9 @@ def origin_event(
             node=poison.node.name() if poison.node is not None else None,
             zero_from=poison.zero_from,
             index=poison.index,
+            zero_kind=poison.zero_src.kind if poison.zero_src is not None else None,
+            zero_op=poison.zero_src.step.op if poison.zero_src is not None else "",
+            zero_value=poison.zero_src.step.value if poison.zero_src is not None else "",
         )
     return Origin(
         backend=BACKEND,
@@ -341,6 +345,8 @@ def build_report(
             add(producer, "gradient", hit, _result(grad))
     for k in order:
         g = groups[k]
+        if g.poison is None:  # a NaN that met a zero on its way (0 * nan: the where trap)
+            g.poison = tracer.meetings.get(id(g.root))
         ev = origin_event(
             g.root,
             g.poison,

@@ -21,6 +21,7 @@ from .._report import Frame
 from . import _compat, _rules
 from ._compat import TorchDispatchMode, TorchFunctionMode
 from ._source import user_frame, user_frame_object
+from ._zero import has_zero, record_backward, record_forward, zero_source
 
 Key = tuple
 _NO_DEST: Any = object()
@@ -119,6 +120,7 @@ class Event:
     # an inf the user wrote on purpose (masked_fill(mask, -inf)): not the problem by itself;
     # the NaN is born where two such infinities meet (softmax of a fully masked row)
     intentional: bool = False
+    zero_src: Any = None  # what made the zero exact (gradsan._blame.ZeroSource)
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
@@ -171,6 +173,11 @@ class Tracer:
         self._dmode_on = False
         self._hooks: list[Any] = []
         self._blame: Blame[Event | External, Event | External] = Blame(_Dataflow())
+        # the zero's side (torch/_zero.py): tensors with exact zeros that observed ops made
+        self.zero_fwd: dict[Key, Any] = {}
+        self.external_keys: set[Key] = set()  # non-finite tensors that came in from outside
+        self.meetings: dict[int, Event] = {}  # origin id -> where its NaN met a zero (0 * nan)
+        self.zero_bwd: dict[Key, Any] = {}
         self._blame_stamp: tuple[int, int] = (-1, -1)
 
     # -- lifetime -----------------------------------------------------------------------------
@@ -205,6 +212,10 @@ class Tracer:
                 return func(*args, **kwargs)
         finally:
             self._dmode_on = False
+
+    def leaf_keys(self) -> set[Key]:
+        """The keys of the leaves (parameters, inputs that require grad) seen so far."""
+        return {key(v) for v in self.leaves.values() if isinstance(v, torch.Tensor)}
 
     # -- modules --------------------------------------------------------------------------------
     def _pre_module(self, module: Any, args: Any) -> None:
@@ -249,6 +260,10 @@ class Tracer:
             self.kink_hits.append((tag, name, _rules.operands_for(name, args, kwargs)))
         if name in _rules.COMPARISONS or name in _rules.BOOL_COMBINE:
             self._record_bool(name, args, outs)
+        if any(is_float(t) and has_zero(t) for t in outs):
+            if tag is None:
+                tag = self._make_tag(func, name, op, args, kwargs)
+            record_forward(self, name, tag, args, kwargs, outs)
         for t in outs:
             if not is_float(t):
                 continue
@@ -273,6 +288,10 @@ class Tracer:
         """Tag the Nodes a library function created inside itself with the caller's frame."""
         stack = [n for n, _ in gf.next_functions if n is not None]
         lib = outer.qualname or outer.name
+        mod = outer.module() if outer.module is not None else None
+        if mod is not None and type(mod).__module__.startswith("torch.nn."):
+            # inside a torch.nn module's forward: named by the module the user called
+            lib = f"nn.{type(mod).__name__}"
         while stack:
             n = stack.pop()
             nm = n.name()
@@ -289,7 +308,20 @@ class Tracer:
             except (AttributeError, RuntimeError):
                 pass
             op, operands, params = _rules.node_operands(n)
-            md["gradsan"] = Tag(nm, op, outer.frame, lib, tuple(operands), params, outer.module)
+            fcls = getattr(n, "_forward_cls", None)
+            if fcls is not None:  # a custom autograd.Function: named by its class
+                md["gradsan"] = Tag(
+                    f"{fcls.__name__} (custom autograd.Function)",
+                    None,
+                    outer.frame,
+                    None,
+                    (),
+                    {},
+                    outer.module,
+                    fcls.__qualname__,
+                )
+            else:
+                md["gradsan"] = Tag(nm, op, outer.frame, lib, tuple(operands), params, outer.module)
             stack.extend(m for m, _ in n.next_functions if m is not None)
 
     def _forward_event(
@@ -302,11 +334,17 @@ class Tracer:
                 continue
             a_nan = nonfinite(a)
             if a_nan is not None:
-                inputs.append((a, self.fwd.get(key(a)) or External(a)))
+                ka = key(a)
+                prod = self.fwd.get(ka)
+                if prod is None:
+                    self.external_keys.add(ka)
+                inputs.append((a, prod or External(a)))
                 nan_in = nan_in or a_nan
         ev = Event("forward", name, tag, None, t, inputs, nan=nan)
         if not nan_in:
             ev.nan_new = nan
+            if nan and inputs:
+                self._indeterminate_forward(ev, name, args, kwargs)
         if (
             not inputs
             and not nan
@@ -314,6 +352,10 @@ class Tracer:
                 isinstance(v, float) and math.isinf(v) for v in list(args) + list(kwargs.values())
             )
         ):
+            ev.intentional = True
+        elif inputs and not nan and all(_constant_mask(a, p) for a, p in inputs):
+            # -inf from a constant tensor built before the step (torch.tensor(numpy_array),
+            # torch.full, a saved mask): an intentional mask, not the problem by itself
             ev.intentional = True
         self.fwd[key(t)] = ev
 
@@ -375,6 +417,7 @@ class Tracer:
             if nan is None:
                 if events:
                     events.pop(k, None)  # an in-place op may have made it finite
+                record_backward(self, _aten_name(func), node, args, kwargs, o)
                 continue
             inputs = []
             has_nan_in = False
@@ -400,14 +443,87 @@ class Tracer:
                 a_nan = nonfinite(a)
                 if a_nan is None:
                     continue
-                inputs.append((a, self.fwd.get(ka) or External(a)))
+                inputs.append((a, self.fwd.get(ka) or self._saved(a, ka, a_nan, node)))
                 has_nan_in = has_nan_in or a_nan
             name = _aten_name(func)
             ev = Event("backward", name, _tag_of(node), node, o, inputs, nan=nan)
             if nan and not has_nan_in:
                 ev.nan_new = True
                 self._indeterminate(ev, name, args, node)
+            elif nan:
+                self._nan_meets_zero(ev, args, node)
             events[k] = ev
+
+    def _nan_meets_zero(self, ev: Event, args: tuple, node: Any) -> None:
+        """A NaN that an exact zero did not stop (``0 * nan``: the gradient a where or a slice
+        sent to a NaN branch): kept for the NaN's origin, once, as its poison."""
+        nan_in = [p for _, p in ev.inputs if isinstance(p, Event) and p.nan]
+        if not nan_in:
+            return
+        idx = _first_index(torch.isnan(ev.out))
+        for a in args:
+            if not isinstance(a, torch.Tensor) or not is_float(a) or not has_zero(a):
+                continue
+            try:
+                v = torch.broadcast_to(a, ev.out.shape)[idx].item() if idx else a.flatten()[0]
+            except (RuntimeError, ValueError, IndexError):
+                continue
+            if v != 0:
+                continue
+            zsrc = zero_source(self, key(a), None)
+            if zsrc is None or zsrc.kind.value not in ("where", "slice", "mask", "nan-to-num"):
+                continue
+            for root, _ in self.origins(nan_in[0]):
+                if isinstance(root, Event) and id(root) not in self.meetings:
+                    meet = Event("backward", ev.op, ev.tag, node, ev.out, [], form="0*nan")
+                    meet.zero_src, meet.zero_from, meet.index = zsrc, zsrc.frame, idx
+                    self.meetings[id(root)] = meet
+            return
+
+    def _indeterminate_forward(self, ev: Event, name: str, args: tuple, kwargs: dict) -> None:
+        """A forward op that made a NaN from an inf and a zero (``labels * log(p)``): its form
+        and what made the zero."""
+        base = name.strip("_").removeprefix("r")
+        ops = [a for a in tensors_in(args) if is_float(a)]
+        if len(ops) != 2:
+            return
+        nan = torch.isnan(ev.out)
+        idx = _first_index(nan)
+        ev.index = idx
+        zero_i = None
+        try:
+            vals = [torch.broadcast_to(a, ev.out.shape)[idx].item() for a in ops]
+        except (RuntimeError, ValueError, IndexError):
+            return
+        if base in ("mul", "multiply", "matmul", "mm", "bmm", "einsum", "dot") or base.startswith(
+            "mul"
+        ):
+            ev.form = "0*inf"
+            zero_i = next((i for i, v in enumerate(vals) if v == 0), None)
+        elif base.startswith(("div", "truediv", "true_divide")):
+            if vals[0] == 0 and vals[1] == 0:
+                ev.form, zero_i = "0/0", 0
+        if zero_i is not None:
+            ev.zero_src = zero_source(self, key(ops[zero_i]), None, ev.tag)
+            if ev.zero_src is not None:
+                ev.zero_from = ev.zero_src.frame
+
+    def _saved(self, a: torch.Tensor, ka: Key, nan: bool, node: Any) -> Event | External:
+        """A non-finite tensor a backward Node read that no observed function returned: an
+        input of the function, or a value made inside a library function (the reciprocal in
+        ``1.0 / x``), which was born at the forward op of the Node that saved it."""
+        tag = _tag_of(node)
+        if a.grad_fn is not None:  # an intermediate a library made: born at its own op
+            tag = _tag_of(a.grad_fn) or tag
+        elif a.requires_grad:  # a leaf: an input or a parameter
+            return External(a)
+        if ka in self.external_keys or tag is None:
+            return External(a)
+        if any(key(v) == ka for v in self.leaves.values() if isinstance(v, torch.Tensor)):
+            return External(a)
+        ev = Event("forward", tag.name, tag, None, a, [], nan=nan, nan_new=nan)
+        self.fwd[ka] = ev
+        return ev
 
     def _indeterminate(self, ev: Event, name: str, args: tuple, node: Any) -> None:
         """Name the indeterminate form of a new NaN and where its zero came from."""
@@ -441,6 +557,7 @@ class Tracer:
         elif any(base.startswith(p) for p in _SUMS):
             ev.form = "inf-inf"
         if zero_i is not None and zero_i < len(ops):
+            ev.zero_src = zero_source(self, key(ops[zero_i]), node)
             src = self.owner.get(key(ops[zero_i]))
             if src is not None and src is not node:
                 tag = _tag_of(src)
@@ -449,6 +566,8 @@ class Tracer:
                 # the zero was saved in the forward pass: the node's own op used it
                 tag = _tag_of(node)
                 ev.zero_from = tag.frame if tag else None
+            if ev.zero_src is not None and ev.zero_src.frame is not None:
+                ev.zero_from = ev.zero_src.frame
 
     # -- blame ------------------------------------------------------------------------------------
     def producer_of(self, t: torch.Tensor) -> Event | External | None:
@@ -485,11 +604,24 @@ class _Dataflow:
 
     @staticmethod
     def is_intentional(r: Event | External) -> bool:
-        return isinstance(r, Event) and r.intentional
+        if isinstance(r, External):  # a constant -inf mask built before the step
+            return _constant_mask(r.tensor, None)
+        return r.intentional
 
     @staticmethod
     def record(v: Event | External) -> Event | External:
         return v
+
+
+def _constant_mask(t: torch.Tensor, producer: Any) -> bool:
+    """``t`` is an intentional -inf mask: a constant tensor (no gradient, made by no observed
+    operation, or by an intentional one) whose non-finite entries are all -inf."""
+    if isinstance(producer, Event):
+        return producer.intentional
+    if t.requires_grad or not t.is_floating_point():
+        return False
+    bad = ~torch.isfinite(t)
+    return bool(bad.any()) and bool((t[bad] == float("-inf")).all())
 
 
 def _tag_of(node: Any) -> Tag | None:

@@ -7,7 +7,7 @@ what each field holds and where a new entry goes.
 from __future__ import annotations
 
 from .._types import Singularity
-from . import angles, inputs, kinks, library, logs, overflow, roots, special
+from . import angles, inputs, kinks, library, logs, overflow, roots, special, where
 
 ENTRIES: tuple[Singularity, ...] = (
     *roots.ENTRIES,
@@ -17,5 +17,6 @@ ENTRIES: tuple[Singularity, ...] = (
     *special.ENTRIES,
     *library.ENTRIES,
     *kinks.ENTRIES,
+    *where.ENTRIES,
     *inputs.ENTRIES,
 )

@@ -89,7 +89,7 @@ STD_OF_CONSTANT = Singularity(
         "std(x) = |x - mean| / sqrt(n - ddof) is Lipschitz with a cone point where all elements "
         "are equal, like a norm at 0. Normalizing by (std + eps), as in the Flux thread, has a "
         "finite true derivative there (the numerator is 0 too and eps keeps the denominator "
-        "away from 0), yet JAX's std gradient is 0 * inf = NaN and it reaches every input. "
+        "away from 0), yet the gradient of std written as sqrt(var) is 0 * inf = NaN and it reaches every input. "
         "Constant features, padded rows, a batch of one repeated sample, or a dead channel "
         "hit it."
     ),

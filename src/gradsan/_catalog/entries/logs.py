@@ -25,9 +25,10 @@ LOG_AT_ZERO = Singularity(
         "torch": "log(0.) = -inf; LogBackward0 computes grad / x",
     },
     explanation=(
-        "log has a pole at 0: the value is -inf and the slope 1 / x is infinite. A probability "
-        "that underflowed to 0.0 (sigmoid(-800), softmax of a large negative logit) reaches it "
-        "even though the real-valued log-probability is finite."
+        "log has a pole at 0: the value is -inf and the slope 1 / x is infinite. It is reached "
+        "by a probability that underflowed to 0.0 (sigmoid(-800), softmax of a large negative "
+        "logit) although the real-valued log-probability is finite, or by a 0 the program "
+        "excludes by design (padding, a mask) whose log is still computed."
     ),
     fixes=(
         Fix(

@@ -65,9 +65,10 @@ SQRT_OF_NEGATIVE = Singularity(
         "torch": "torch.sqrt(-1.) = nan and SqrtBackward0 returns nan; so does RsqrtBackward0",
     },
     explanation=(
-        "A real square root needs x >= 0. A negative x is almost always a rounding artefact "
-        "upstream: a variance computed as mean(x**2) - mean(x)**2, a squared distance formed as "
-        "|a|**2 + |b|**2 - 2 a.b, or 1 - cos(t)**2, each of which can come out one ulp below 0. "
+        "A real square root needs x >= 0. A tiny negative x is a rounding artefact upstream: a "
+        "variance computed as mean(x**2) - mean(x)**2, a squared distance formed as "
+        "|a|**2 + |b|**2 - 2 a.b, or 1 - cos(t)**2, each of which can come out one ulp below 0; "
+        "a larger one is a real negative reaching a formula that assumes x >= 0. "
         "The NaN is in the forward value and in the gradient, and the unselected branch of a "
         "where does not hide the gradient's NaN."
     ),
@@ -353,7 +354,7 @@ DIV_BY_ZERO = Singularity(
     },
     explanation=(
         "Division by an exact 0 gives +-inf (or NaN for 0 / 0). Even when the forward value is "
-        "masked out afterwards (jnp.where), the backward pass still divides by y and the "
+        "masked out afterwards (by a where), the backward pass still divides by y and the "
         "masked branch's gradient, 0 * inf, is NaN."
     ),
     fixes=(

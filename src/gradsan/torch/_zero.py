@@ -1,0 +1,243 @@
+"""The zero's side of a PyTorch NaN: what made the zero factor of ``0 * inf`` exactly zero.
+
+The tracer keeps, for every tensor with an exact zero that an observed operation produced
+(forward: a torch function; backward: an aten op inside an autograd Node), a small record: the
+operation, its Tag (the user's frame) and the keys of its tensor inputs that hold zeros. From
+the poison's zero operand :func:`zero_source` walks those records back to where the zero was
+born, describing each operation as a :class:`gradsan._blame.ZeroStep`; the classification is
+:func:`gradsan._blame.classify_zero`, shared with JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .. import _blame as B
+from .._blame import ZeroSource, ZeroStep
+
+# autograd Nodes whose gradient is 0 where their forward did not read or select an element
+_SELECTS = ("WhereBackward", "MaskedFillBackward", "MaskedScatterBackward", "NanToNumBackward")
+_DROPS = (
+    "SliceBackward",
+    "SelectBackward",
+    "IndexBackward",
+    "GatherBackward",
+    "NarrowBackward",
+    "AsStridedBackward",
+    "SplitBackward",
+    "SplitWithSizesBackward",
+    "UnbindBackward",
+    "IndexSelectBackward",
+    "TakeBackward",
+    "MaskedSelectBackward",
+    "DiagonalBackward",
+    "TrilBackward",
+    "TriuBackward",
+)
+_PRODUCTS = ("MulBackward", "MmBackward", "BmmBackward", "MatmulBackward", "AddmmBackward")
+_PASS_NODES = (
+    "ExpandBackward",
+    "ViewBackward",
+    "ReshapeAliasBackward",
+    "UnsafeViewBackward",
+    "SumBackward",
+    "MeanBackward",
+    "PermuteBackward",
+    "TransposeBackward",
+    "TBackward",
+    "SqueezeBackward",
+    "UnsqueezeBackward",
+    "CloneBackward",
+    "ToCopyBackward",
+    "AddBackward",
+    "SubBackward",
+    "NegBackward",
+    "CatBackward",
+    "StackBackward",
+)
+_CREATE = {
+    "zeros",
+    "zeros_like",
+    "new_zeros",
+    "full",
+    "full_like",
+    "new_full",
+    "tensor",
+    "as_tensor",
+    "from_numpy",
+    "scalar_tensor",
+    "empty",
+    "empty_like",
+    "fill_",
+    "zero_",
+    "fill",
+    "masked_fill",
+    "eye",
+    "ones",
+    "ones_like",
+    "arange",
+    "linspace",
+    "tril",
+    "triu",
+}
+_EXP = {"exp", "exp2", "sigmoid", "softmax", "expm1", "aten.exp", "aten.sigmoid"}
+
+
+def has_zero(t: Any) -> bool:
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return False
+    if t.dtype == torch.bool:
+        return bool((~t).any())
+    try:
+        return bool((t == 0).any())
+    except (RuntimeError, TypeError):
+        return False
+
+
+@dataclasses.dataclass(eq=False)
+class ZeroRec:
+    """An observed operation whose output holds an exact zero."""
+
+    op: str  # torch function (forward) or aten op (backward) name
+    tag: Any  # the Tag of the autograd Node (backward) or of the torch function (forward)
+    node: str  # the Node's name (backward), "" forward
+    zero_inputs: list  # keys of its tensor inputs that hold a zero
+    from_bool: bool = False  # a float made from a boolean or integer tensor
+    nonfinite_in: bool = False  # an input held an inf (exp(-inf) = 0)
+    backward: bool = False
+
+
+def _frame(rec: ZeroRec) -> Any:
+    return rec.tag.frame if rec.tag is not None else None
+
+
+def _library(rec: ZeroRec) -> str | None:
+    tag = rec.tag
+    if tag is None:
+        return None
+    return tag.library or tag.qualname or tag.name
+
+
+_LITERAL: Any = object()  # the zeros an autograd Node writes itself
+
+
+class _Walk:
+    def __init__(self, tracer: Any) -> None:
+        self.tracer = tracer
+
+    def __call__(self, k: Any) -> tuple[ZeroStep, Any]:
+        tr = self.tracer
+        if k is _LITERAL:
+            return ZeroStep(B.LITERAL, op="literal", backward=True), None
+        rec: ZeroRec | None = tr.zero_bwd.get(k)
+        if rec is None:
+            rec = tr.zero_fwd.get(k)
+        if rec is None:  # a tensor no observed operation made: an input, or a constant (a mask)
+            if k in tr.leaf_keys():
+                return ZeroStep(B.INPUT, op="input", text=""), None
+            return ZeroStep(B.CONST, op="constant"), None
+        step = dict(frame=_frame(rec), op=rec.op, library=_library(rec), backward=rec.backward)
+        nxt = rec.zero_inputs[0] if rec.zero_inputs else None
+        if rec.backward:
+            node = rec.node
+            # the zeros a where or a slice's backward writes where it did not select or read
+            if node.startswith(_SELECTS):
+                return ZeroStep(B.SELECT, **step), _LITERAL
+            if node.startswith(_DROPS):
+                return ZeroStep(B.DROP, **step), _LITERAL
+            if nxt is None:
+                return self._birth(rec, step), None
+            fwd = nxt not in tr.zero_bwd
+            if fwd and not node.startswith(_PRODUCTS) and not node.startswith(_PASS_NODES):
+                # a derivative formula that reads a forward value that is 0 (2 * x for x ** 2)
+                return ZeroStep(B.DERIVATIVE, **step), None
+            if node.startswith(_PRODUCTS):
+                return ZeroStep(B.MUL, **step), nxt
+            return ZeroStep(B.PASS, **step), nxt
+        # forward
+        name = rec.op
+        if name == "where":
+            return ZeroStep(B.SELECT, **step), nxt
+        if nxt is None:
+            return self._birth(rec, step), None
+        if name in ("mul", "__mul__", "__rmul__", "multiply", "mm", "matmul", "__matmul__"):
+            return ZeroStep(B.MUL, **step), nxt
+        if name in ("pow", "__pow__", "__rpow__", "float_power"):
+            return ZeroStep(B.VALUE, **step), None
+        return ZeroStep(B.PASS, **step), nxt
+
+    @staticmethod
+    def _birth(rec: ZeroRec, step: dict) -> ZeroStep:
+        name = rec.op.split(".")[-1] if rec.backward else rec.op
+        if rec.from_bool:
+            return ZeroStep(B.BOOL, **step)
+        if rec.op in _EXP or name in _EXP:
+            if rec.nonfinite_in:
+                return ZeroStep(B.BY_DESIGN, value="-inf", **step)
+            return ZeroStep(B.UNDERFLOW, **step)
+        if name in _CREATE or name.rstrip("_") in _CREATE:
+            return ZeroStep(B.LITERAL, **step)
+        if name in ("mul", "__mul__", "div", "__truediv__", "true_divide", "pow", "__pow__"):
+            return ZeroStep(B.UNDERFLOW, **step)
+        if name in ("sub", "__sub__", "__rsub__", "add", "__add__", "rsub"):
+            return ZeroStep(B.CANCEL, **step)
+        if rec.backward:
+            return ZeroStep(B.LITERAL, **step)
+        return ZeroStep(B.VALUE, **step)
+
+
+def zero_source(
+    tracer: Any, zero_key: Any, poison_node: Any, forward_tag: Any = None
+) -> ZeroSource | None:
+    """What made the tensor ``zero_key`` (the poison's zero operand) exactly zero. The poison
+    is a backward aten op in ``poison_node``, or a forward product with ``forward_tag``."""
+    from ._mode import _tag_of
+
+    path = B.follow_zero(zero_key, _Walk(tracer))
+    if forward_tag is not None:
+        first = ZeroStep(B.MUL, frame=forward_tag.frame, op=forward_tag.name)
+        path = [first, *path]
+    if poison_node is not None:
+        tag = _tag_of(poison_node)
+        nm = poison_node.name()
+        if nm.startswith(_PRODUCTS) or "Backward" in nm:
+            first = ZeroStep(
+                B.MUL if nm.startswith(_PRODUCTS) else B.PASS,
+                frame=tag.frame if tag is not None else None,
+                op=nm,
+                backward=True,
+            )
+            path = [first, *path]
+    return B.classify_zero(path)
+
+
+def record_forward(tracer: Any, name: str, tag: Any, args: tuple, kwargs: dict, outs: list) -> None:
+    """Keep a ZeroRec for each float output of a torch function that holds an exact zero."""
+    from ._mode import is_float, key, nonfinite, tensors_in
+
+    ins = [a for a in list(tensors_in(args)) + list(tensors_in(kwargs))]
+    for t in outs:
+        if not is_float(t) or not has_zero(t):
+            continue
+        from_bool = any(not is_float(a) for a in ins) and not any(is_float(a) for a in ins)
+        # made from booleans or integers (one-hot labels, a mask): the zero is born here
+        zin = [] if from_bool else [key(a) for a in ins if a is not t and has_zero(a)]
+        inf_in = any(is_float(a) and nonfinite(a) is not None for a in ins)
+        tracer.zero_fwd[key(t)] = ZeroRec(name, tag, "", zin, from_bool, inf_in, False)
+
+
+def record_backward(tracer: Any, name: str, node: Any, args: tuple, kwargs: dict, o: Any) -> None:
+    """Keep a ZeroRec for a backward aten op's output that holds an exact zero."""
+    from ._mode import _tag_of, is_float, key, tensors_in
+
+    if not has_zero(o):
+        return
+    ins = [a for a in tensors_in(args) if a is not o]
+    zin = [key(a) for a in ins if has_zero(a)]
+    from_bool = bool(ins) and not any(is_float(a) for a in ins)
+    inf_in = any(is_float(a) and bool(torch.isinf(a).any()) for a in ins if a.numel() < 1 << 22)
+    nm = node.name() if node is not None else ""
+    tracer.zero_bwd[key(o)] = ZeroRec(name, _tag_of(node), nm, zin, from_bool, inf_in, True)
