@@ -142,31 +142,42 @@ def _jitted_around(funcs: list[types.FunctionType], skip: object) -> bool:
 @contextlib.contextmanager
 def swapped(
     funcs: list[types.FunctionType], code: types.CodeType, backend: str, clear: bool
-) -> Iterator[None]:
+) -> Iterator[Callable[[], contextlib.AbstractContextManager[None]]]:
     """The functions run ``code`` (with ``gradsan`` importable as a global) inside the block;
-    with ``clear``, JAX's trace caches are emptied on entry and on exit."""
+    with ``clear``, JAX's trace caches are emptied on entry and on exit. The block gets a
+    context manager factory that runs the original code inside it (for references)."""
     import gradsan
 
     __import__(f"gradsan.{backend}")
     old = [f.__code__ for f in funcs]
     added = []
+
+    def put(codes: list[types.CodeType]) -> None:
+        for f, c in zip(funcs, codes):
+            f.__code__ = c
+        if clear:
+            _clear(backend)
+
+    @contextlib.contextmanager
+    def original() -> Iterator[None]:
+        put(old)
+        try:
+            yield
+        finally:
+            put([code] * len(funcs))
+
     try:
         for f in funcs:
             g = f.__globals__
             if "gradsan" not in g:
                 g["gradsan"] = gradsan
                 added.append(g)
-            f.__code__ = code
-        if clear:
-            _clear(backend)
-        yield
+        put([code] * len(funcs))
+        yield original
     finally:
-        for f, c in zip(funcs, old):
-            f.__code__ = c
+        put(old)
         for g in added:
             g.pop("gradsan", None)
-        if clear:
-            _clear(backend)
 
 
 def _clear(backend: str) -> None:
@@ -239,6 +250,9 @@ class _Program:
         self.base_value: list[np.ndarray] | None = None
         self.nearby = self._nearby()
         self.nearby_out: list[list[np.ndarray] | None] = []
+        self.original: Callable[[], contextlib.AbstractContextManager[None]] = (
+            contextlib.nullcontext
+        )
 
     # the differentiated arguments' float leaves, moved a little
     def _nearby(self) -> list[tuple]:
@@ -412,7 +426,10 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
     elif ref_name == NO_GRADIENT:
         return "unverified", f"{ref_name}; the fixed gradient {_show(grad)} is a convention"
     else:
-        fd = prog.central_differences(grad) if not note else None
+        fd = None
+        if not note:
+            with prog.original():
+                fd = prog.central_differences(grad)
         if fd is False:
             return "failed", f"gradient {_show(grad)} disagrees with central differences"
         if fd is None:
@@ -468,7 +485,8 @@ def verify_one(prog: _Program, f: Finding, p: FixProposal) -> tuple[str, str]:
         return "unverified", "the name gradsan is taken in this module"
     note = p.value_change
     clear = p.backend == "jax" and _jitted_around(funcs, prog.outer)
-    with swapped(funcs, code, p.backend, clear):
+    with swapped(funcs, code, p.backend, clear) as original:
+        prog.original = original
         return _check(prog, p, note)
 
 
@@ -482,10 +500,16 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
         for f in report.findings
         if f.kind in ("nonfinite", "unresolved") and any(p.code for p in f.fixes)
     ][:MAX_FINDINGS]
-    if not todo or backend != "jax":
+    if not todo:
+        return
+    if backend == "torch":
+        from ._verify_torch import verify_torch
+
+        verify_torch(report, fun, args, kwargs)
         return
     prog = _Program(fun, args, kwargs, backend)
     prog.base_value = prog.loss_value(args)
+    prog.reference()  # computed on the original program, before any fix is swapped in
     for pt in prog.nearby:
         o, e = _run(fun, pt, kwargs)
         prog.nearby_out.append(_leaves(o) if e is None else None)
