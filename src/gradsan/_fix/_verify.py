@@ -307,11 +307,11 @@ class _Program:
         """certify's gradient; where certify cannot decide, nansafe's proven repair. Where
         certify finds no gradient (a jump, a point outside the domain), there is none: the name
         says so and the reference is None."""
-        if self.info is None:
-            return None, ""
         from ..jax import certify, nansafe
 
         try:
+            if self.info is None:
+                raise LookupError  # certify needs the loss: only nansafe can help
             rep = certify(self.fun)(*self.args, **self.kwargs)
             label = next((f.detail.get("label") for f in rep.findings), None)
             leaves = _leaves(self.grad_part(rep.outputs)) if rep.outputs is not None else []
@@ -321,7 +321,7 @@ class _Program:
                 return leaves, "certify's Clarke subgradient"
             if label == "singular":
                 return None, NO_GRADIENT
-        except Exception:
+        except Exception:  # noqa: S110  (no certificate: try nansafe)
             pass
         try:
             out, rep = nansafe(self.fun, report=True)(*self.args, **self.kwargs)
