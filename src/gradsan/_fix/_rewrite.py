@@ -485,7 +485,8 @@ def rewrite_where_guard(site: Site, backend: str) -> tuple[str, Rewrite] | None:
             if w is not None and w.canon == "where" and len(n.args) == 3 and not n.keywords:
                 cond, a, b = n.args
                 if child is a or child is b:
-                    x = call.operands[0]
+                    # the operand that is singular: a quotient's denominator, else the first
+                    x = call.operands[1] if call.canon == "div" else call.operands[0]
                     xs, cs = site.segment(x), site.segment(cond)
                     fill = "1.0"
                     guard = f"{site.segment(n.func)}({cs}, {xs}, {fill})"
