@@ -349,9 +349,9 @@ class _Program:
             return None
         rng = np.random.default_rng(1)
         for _ in range(2):
-            vs = [rng.standard_normal(np.shape(a)) for a in flat]
-            scale = max(1.0, max(float(np.max(np.abs(np.asarray(a)), initial=0.0)) for a in flat))
-            h = 1e-3 * scale
+            # each element moves in proportion to its own size (a -1000 logit next to a 0 one)
+            vs = [rng.standard_normal(np.shape(a)) * (1.0 + np.abs(np.asarray(a))) for a in flat]
+            h = 1e-3
 
             def at(sign: float, vs: list = vs, h: float = h) -> float | None:
                 moved = [
