@@ -11,8 +11,14 @@ def manual_norm(x):
 
 
 # https://github.com/pytorch/pytorch/issues/156212 (where does not protect the other branch)
+def guarded_exp(x):
+    return torch.where(x <= 10.0, torch.exp(x), torch.ones_like(x)).sum()
+
+
+# a masked log with a constant mask (the where trap)
 def masked_log(x):
-    return torch.where(x > 0, torch.log(x), torch.zeros_like(x)).sum()
+    mask = torch.tensor([False, True])
+    return torch.where(mask, torch.log(x), torch.zeros_like(x)).sum()
 
 
 # https://github.com/pytorch/pytorch/issues/4320 (std of constant data)
@@ -39,6 +45,7 @@ def relu_power(x):
 
 PROGRAMS = {
     "manual_norm": lambda: (manual_norm, (torch.zeros(3, requires_grad=True),)),
+    "guarded_exp": lambda: (guarded_exp, (torch.tensor([1.0, 1e10], requires_grad=True),)),
     "masked_log": lambda: (masked_log, (torch.tensor([0.0, 2.0], requires_grad=True),)),
     "std_normalize": lambda: (std_normalize, (torch.ones(4, 2, requires_grad=True),)),
     "self_angle": lambda: (self_angle, (torch.tensor([0.6, 0.8], requires_grad=True),)),
@@ -47,6 +54,7 @@ PROGRAMS = {
 }
 TRUTH = {
     "manual_norm": "ball",
+    "guarded_exp": [[2.718281828, 0.0]],
     "masked_log": [[0.0, 0.5]],
     # the columns' deviations sum to 0 for every a, so the loss is 0 everywhere: gradient 0
     "std_normalize": [[[0.0, 0.0]] * 4],
