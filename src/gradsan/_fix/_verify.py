@@ -44,14 +44,15 @@ def _first_line(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
 
 
-def _functions(file: str, name: str, first: int) -> list[types.FunctionType]:
-    """The live function objects whose code is the def ``name`` at line ``first`` of ``file``."""
-    out = []
+def function_index(files: set[str]) -> dict[tuple[str, str, int], list[types.FunctionType]]:
+    """The live function objects of ``files`` by (file, name, first line): one pass over the
+    garbage collector's objects for a whole report."""
+    out: dict[tuple[str, str, int], list[types.FunctionType]] = {}
     for o in gc.get_objects():
         if type(o) is types.FunctionType:
             c = o.__code__
-            if c.co_name == name and c.co_filename == file and c.co_firstlineno == first:
-                out.append(o)
+            if c.co_filename in files:
+                out.setdefault((c.co_filename, c.co_name, c.co_firstlineno), []).append(o)
     return out
 
 
@@ -250,6 +251,8 @@ class _Program:
         self.base_value: list[np.ndarray] | None = None
         self.nearby = self._nearby()
         self.nearby_out: list[list[np.ndarray] | None] = []
+        self.index: dict[tuple[str, str, int], list[types.FunctionType]] = {}
+        self.want_jit = True
         self.original: Callable[[], contextlib.AbstractContextManager[None]] = (
             contextlib.nullcontext
         )
@@ -449,7 +452,8 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
         same += 1
     if same:
         checked.append(f"same outputs at {same} nearby point{'s' if same > 1 else ''}")
-    if prog.backend == "jax":
+    if prog.backend == "jax" and prog.want_jit:  # the first fix of a finding that gets here
+        prog.want_jit = False
         fresh = prog.fun
 
         def again(*a: Any, **k: Any) -> Any:  # a new function: a trace cache of its own
@@ -472,7 +476,7 @@ def verify_one(prog: _Program, f: Finding, p: FixProposal) -> tuple[str, str]:
     if got is None:
         return "unverified", "the source file could not be read"
     fn = site.func
-    funcs = _functions(p.file, fn.name, _first_line(fn))
+    funcs = prog.index.get((p.file, fn.name, _first_line(fn)), [])
     if not funcs:
         return "unverified", f"gradsan found no live function {fn.name} to run the fix in"
     old = funcs[0].__code__
@@ -510,10 +514,12 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
     prog = _Program(fun, args, kwargs, backend)
     prog.base_value = prog.loss_value(args)
     prog.reference()  # computed on the original program, before any fix is swapped in
+    prog.index = function_index({p.file for f in todo for p in f.fixes if p.file})
     for pt in prog.nearby:
         o, e = _run(fun, pt, kwargs)
         prog.nearby_out.append(_leaves(o) if e is None else None)
     for f in todo:
+        prog.want_jit = True
         for p in f.fixes:
             if p.code is None:
                 continue

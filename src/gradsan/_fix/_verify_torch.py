@@ -18,7 +18,7 @@ import numpy as np
 from .._report._records import Finding, FixProposal, Report
 from ._edit import apply
 from ._site import locate, parsed
-from ._verify import MAX_FINDINGS, _first_line, _functions, _show, patched_code, swapped
+from ._verify import MAX_FINDINGS, _first_line, _show, function_index, patched_code, swapped
 
 
 def _copy(args: tuple, kwargs: dict, double: bool = False) -> tuple[tuple, dict]:
@@ -104,6 +104,7 @@ def _moved(args: tuple, kwargs: dict, vs: list, h: float) -> None:
 class _TorchProgram:
     def __init__(self, fn: Callable, args: tuple, kwargs: dict):
         self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.index: dict = {}
         self.original: Callable[[], contextlib.AbstractContextManager[None]] = (
             contextlib.nullcontext
         )
@@ -228,7 +229,7 @@ def verify_one(prog: _TorchProgram, f: Finding, p: FixProposal) -> tuple[str, st
     if got is None:
         return "unverified", "the source file could not be read"
     fn = site.func
-    funcs = _functions(p.file, fn.name, _first_line(fn))
+    funcs = prog.index.get((p.file, fn.name, _first_line(fn)), [])
     if not funcs:
         return "unverified", f"gradsan found no live function {fn.name} to run the fix in"
     old = funcs[0].__code__
@@ -260,6 +261,7 @@ def verify_torch(report: Report, fn: Callable, args: tuple, kwargs: dict) -> Non
                     p.status, p.checked = "unverified", f"the step could not be re-run ({e})"
             f.suggestions = render_suggestions(f.fixes)
         return
+    prog.index = function_index({p.file for f in todo for p in f.fixes if p.file})
     for f in todo:
         for p in f.fixes:
             if p.code is None:
