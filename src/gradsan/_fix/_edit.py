@@ -75,6 +75,7 @@ def proposal(
         end_line=site.stmt.end_lineno,
         end_col=_char_col(line1, site.stmt.end_col_offset),
         replacement=new_stmt,
+        original=src[s0:s1],
         needs_import=need,
         value_change=rw.value_note,
     )
@@ -100,15 +101,29 @@ def _imports(tree: ast.Module, mod: str) -> bool:
     return False
 
 
-def apply(text: str, edits: Sequence[FixProposal]) -> str:
-    """``text`` with each edit's statement span replaced (edits must not overlap)."""
+def span(text: str, e: FixProposal) -> tuple[int, int] | None:
+    """The character span of ``e``'s statement in ``text``; None when the text there is no
+    longer the statement the fix was written for (the file changed since)."""
     lines = text.splitlines(keepends=True)
+    if e.end_line > len(lines):
+        return None
     starts = _line_starts(lines)
+    a = starts[e.start_line - 1] + e.start_col
+    b = starts[e.end_line - 1] + e.end_col
+    if e.original and text[a:b] != e.original:
+        return None
+    return a, b
+
+
+def apply(text: str, edits: Sequence[FixProposal]) -> str:
+    """``text`` with each edit's statement span replaced (edits must not overlap); an edit whose
+    statement is no longer there raises ValueError."""
     spans = []
     for e in edits:
-        a = starts[e.start_line - 1] + e.start_col
-        b = starts[e.end_line - 1] + e.end_col
-        spans.append((a, b, e.replacement))
+        got = span(text, e)
+        if got is None:
+            raise ValueError(f"{e.file}:{e.start_line} changed since the fix was written")
+        spans.append((got[0], got[1], e.replacement))
     out = text
     for a, b, rep in sorted(spans, reverse=True):
         out = out[:a] + rep + out[b:]

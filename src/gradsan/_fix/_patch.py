@@ -9,7 +9,7 @@ import difflib
 import os
 
 from .._report._records import FixProposal, Report
-from ._edit import add_import, apply
+from ._edit import add_import, apply, span
 from ._site import parsed
 
 
@@ -49,6 +49,9 @@ def patched_files(report: Report) -> dict[str, tuple[str, str]]:
         if got is None:
             continue
         text = got[0]
+        edits = [e for e in edits if span(text, e) is not None]  # the file changed there: skip
+        if not edits:
+            continue
         new = apply(text, edits)
         for mod in sorted({p.needs_import for p in edits if p.needs_import}):
             new = add_import(new, mod)

@@ -277,6 +277,7 @@ class FixProposal:
     end_line: int = 0
     end_col: int = 0
     replacement: str = ""
+    original: str = ""  # the statement's text the edit replaces (a changed file is not patched)
     needs_import: str | None = None  # "gradsan.jax" when the code names gradsan.jax.safe
     value_change: str | None = None  # the change of the forward value the fix states
     status: FixStatus = "unverified"
