@@ -108,3 +108,9 @@ ENTRY = {
     "masked_log1p": "log1p-at-minus-one",
     "exp_log": "log-at-zero",
 }
+
+
+def two_findings(x):
+    a = jnp.sqrt(x) * 0.0  # L:two-a
+    b = jnp.where(MASK, jnp.log(x), 0.0)  # L:two-b
+    return jnp.sum(a + b)

@@ -124,3 +124,18 @@ def test_torch_trigger_fix_is_verified_and_its_patch_gives_the_true_gradient(
     np.testing.assert_allclose(x2.grad.numpy(), PT.TRUTH[name], rtol=1e-5, atol=1e-6)
     x3 = torch.tensor(PT.POINTS[name])
     assert float(loss.detach()) == pytest.approx(float(fn(x3)), rel=1e-6, abs=1e-7)
+
+
+def test_two_findings_are_verified_together_and_patched_together(copy_of, tmp_path):
+    path, mod = copy_of(PJ.__file__)
+    x = jnp.array([0.0, 0.5])
+    report = gsj.explain(jax.grad(mod.two_findings))(x)
+    lines = sorted(f.where.line for f in report.findings)
+    assert lines == [line_of(str(path), "L:two-a"), line_of(str(path), "L:two-b")]
+    assert all(f.fixes[0].status == "verified" for f in report.findings), str(report)
+    text = report.patch()
+    assert text.count("\n-    ") == 2  # both statements, one hunk each or together
+    apply_patch(tmp_path, text, "gnu")
+    fixed = load(str(path), f"_fixprog{next(_count)}")
+    _KEEP.append(fixed)
+    np.testing.assert_allclose(np.asarray(jax.grad(fixed.two_findings)(x)), [0.0, 2.0], atol=1e-6)

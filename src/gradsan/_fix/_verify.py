@@ -466,32 +466,107 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
     return "verified", ", ".join(checked)
 
 
-def verify_one(prog: _Program, f: Finding, p: FixProposal) -> tuple[str, str]:
+def _enclosing(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    best = None
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if n.lineno <= line <= (n.end_lineno or n.lineno):
+                if best is None or n.lineno > best.lineno:
+                    best = n
+    return best
+
+
+def verify_set(prog: _Program, props: list[FixProposal], note: str | None) -> tuple[str, str]:
+    """Run the program with every fix of ``props`` in place at once (one per finding: a fix is
+    checked with the other findings' fixes applied, since each of them poisons the outputs too)."""
+    by_file: dict[str, list[FixProposal]] = {}
+    for p in props:
+        if p.file is None:
+            return "unverified", "the fix names no file"
+        by_file.setdefault(p.file, []).append(p)
+    swaps = []
+    for file, edits in by_file.items():
+        got = parsed(file)
+        if got is None:
+            return "unverified", "the source file could not be read"
+        text = apply(got[0], edits)
+        fns = {}
+        for e in edits:
+            fn = _enclosing(got[1], e.start_line)
+            if fn is None:
+                return "unverified", "the statement is not inside a function gradsan can re-run"
+            fns[(fn.name, fn.lineno)] = fn
+        for (name, lineno), fn in fns.items():
+            funcs = prog.index.get((file, name, _first_line(fn)), [])
+            if not funcs:
+                return "unverified", f"gradsan found no live function {name} to run the fix in"
+            old = funcs[0].__code__
+            funcs = [g for g in funcs if g.__code__ is old]
+            code = patched_code(file, text, name, lineno, old.co_freevars)
+            if code is None:
+                return "unverified", "the patched function could not be compiled the same way"
+            g = funcs[0].__globals__.get("gradsan")
+            if g is not None and g is not sys.modules.get("gradsan"):
+                return "unverified", "the name gradsan is taken in this module"
+            swaps.append((funcs, code))
+    with contextlib.ExitStack() as stack:
+        originals = [
+            stack.enter_context(swapped(funcs, code, "jax", _jitted_around(funcs, prog.outer)))
+            for funcs, code in swaps
+        ]
+
+        @contextlib.contextmanager
+        def all_original() -> Iterator[None]:
+            with contextlib.ExitStack() as inner:
+                for o in reversed(originals):
+                    inner.enter_context(o())
+                yield
+
+        prog.original = all_original
+        return _check(prog, props[0], note)
+
+
+def verify_one(
+    prog: _Program, f: Finding, p: FixProposal, others: list[FixProposal]
+) -> tuple[str, str]:
     site = locate(f.where)
     if site is None or site.func is None or p.file is None:
         return "unverified", "the statement is not inside a function gradsan can re-run"
     if site.in_lambda:
         return "unverified", "the statement is inside a lambda or comprehension"
-    got = parsed(p.file)
-    if got is None:
-        return "unverified", "the source file could not be read"
-    fn = site.func
-    funcs = prog.index.get((p.file, fn.name, _first_line(fn)), [])
-    if not funcs:
-        return "unverified", f"gradsan found no live function {fn.name} to run the fix in"
-    old = funcs[0].__code__
-    funcs = [g for g in funcs if g.__code__ is old]
-    code = patched_code(p.file, apply(got[0], [p]), fn.name, fn.lineno, old.co_freevars)
-    if code is None:
-        return "unverified", "the patched function could not be compiled the same way"
-    g = funcs[0].__globals__.get("gradsan")
-    if g is not None and g is not sys.modules.get("gradsan"):
-        return "unverified", "the name gradsan is taken in this module"
-    note = p.value_change
-    clear = p.backend == "jax" and _jitted_around(funcs, prog.outer)
-    with swapped(funcs, code, p.backend, clear) as original:
-        prog.original = original
-        return _check(prog, p, note)
+    keep = [p]
+    for o in others:  # one edit per statement: a fix on the same lines as a kept one is left out
+        if not any(
+            o.file == k.file and not (o.end_line < k.start_line or o.start_line > k.end_line)
+            for k in keep
+        ):
+            keep.append(o)
+    return verify_set(prog, keep, p.value_change)
+
+
+def verify_together(prog: _Program, report: Report) -> None:
+    """The fixes ``Report.patch()`` would apply, run together: when they do not pass as a whole,
+    only the first finding's stays verified (the others say so)."""
+    from ._patch import chosen
+
+    picks = chosen(report)
+    if len(picks) < 2:
+        return
+    prog.want_jit = True
+    status, why = verify_set(prog, picks, None)
+    if status == "verified":
+        return
+    first = picks[0]
+    for f in report.findings:
+        if first in f.fixes:
+            continue
+        for p in f.fixes:  # every fix of the other findings: the patch applies the first only
+            if p.status == "verified":
+                p.status = "unverified"
+                p.checked = (
+                    f"verified alone, but not together with the fix at {first.file}:"
+                    f"{first.start_line} ({why})"
+                )
 
 
 def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: str) -> None:
@@ -518,15 +593,26 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
     for pt in prog.nearby:
         o, e = _run(fun, pt, kwargs)
         prog.nearby_out.append(_leaves(o) if e is None else None)
+    # each finding's fix is run with the first code fix of every other finding in place
+    firsts = {id(f): next(p for p in f.fixes if p.code) for f in todo}
     for f in todo:
         prog.want_jit = True
+        others = [firsts[id(g)] for g in todo if g is not f]
         for p in f.fixes:
             if p.code is None:
                 continue
             try:
-                p.status, p.checked = verify_one(prog, f, p)  # type: ignore[assignment]
+                p.status, p.checked = verify_one(prog, f, p, others)  # type: ignore[assignment]
             except Exception as e:  # gradsan's own failure to check: say so, never crash
                 p.status, p.checked = "unverified", f"gradsan could not run it ({type(e).__name__})"
-        rank = {"verified": 0, "unverified": 1, "prose": 2, "failed": 3}
-        f.fixes.sort(key=lambda p: rank[p.status])
+        f.fixes.sort(key=lambda p: _RANK[p.status])
+    try:
+        verify_together(prog, report)
+    except Exception:  # gradsan's own failure: the fixes keep their single verdicts
+        pass
+    for f in todo:
+        f.fixes.sort(key=lambda p: _RANK[p.status])
         f.suggestions = render_suggestions(f.fixes)
+
+
+_RANK = {"verified": 0, "unverified": 1, "prose": 2, "failed": 3}
