@@ -61,7 +61,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def _raise(failure: Any) -> None:
     __tracebackhide__ = True
     from ._errors import NonFiniteError
+    from ._fix._hooks import verify_failure
 
+    verify_failure(failure)  # gradsan._fix: run the printed fixes before the report is shown
     err = NonFiniteError(failure.report)
     err.gradsan_header = failure.header  # type: ignore[attr-defined]
     raise err
@@ -87,11 +89,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if call.excinfo is None or report.passed:
         return
     from ._errors import NonFiniteError
+    from ._fix._hooks import pytest_section
 
     err = call.excinfo.value
     if isinstance(err, NonFiniteError):
         head = getattr(err, "gradsan_header", "")
         report.sections.append(("gradsan", (f"gradsan: {head}\n" if head else "") + str(err)))
+        report.sections += [s for s in [pytest_section(err.report)] if s]  # gradsan._fix
 
 
 class _Check:

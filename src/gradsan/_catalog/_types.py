@@ -35,11 +35,19 @@ CONVENTION_KINDS = (Kind.KINK.value, Kind.DISCONTINUITY.value)
 
 @dataclasses.dataclass(frozen=True)
 class Fix:
-    """One suggested fix: a one-line summary and runnable code (JAX flavour, torch twin)."""
+    """One suggested fix: a one-line summary and runnable code (JAX flavour, torch twin).
+
+    ``jax`` and ``torch`` are the fix written in placeholder names (``x``, ``y``, ``p``), for
+    ``gradsan catalog`` and the docs. ``rewrite`` names how gradsan writes it on the user's own
+    statement (a rewriter of :mod:`gradsan._fix`): ``"safe"`` (the call rewritten to the entry's
+    safe twin with the same arguments), ``"double_where"``, ``"clamp_safe"``, ``"fold_pow"``,
+    ``"log_prob"``; None when it is advice that cannot be written from the program (a report
+    prints its summary only)."""
 
     summary: str
     jax: str
     torch: str | None = None
+    rewrite: str | None = None
 
     def code(self, backend: str = "jax") -> str:
         if backend == "torch" and self.torch:

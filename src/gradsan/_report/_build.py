@@ -9,11 +9,10 @@ its common fields), which the JAX backends still call directly until they emit e
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .. import _catalog
+from .. import _catalog, _fix
 from .._events import (
     Because,
     Certificate,
@@ -35,6 +34,7 @@ from ._records import (
     CertificateDetails,
     Details,
     Finding,
+    FixProposal,
     Frame,
     KinkDetails,
     OriginDetails,
@@ -54,102 +54,19 @@ def describe_values(op: str, got: str, count: int, size: int, index: Sequence[in
     return s
 
 
-def _call_parts(where: Frame | None) -> tuple[list[str], str | None]:
-    """The operand texts of the expression under the caret (``A`` in ``jnp.sqrt(A)``, ``x`` and
-    ``y`` in ``x / y``) and the variable the line assigns it to, if any."""
-    import ast
-
-    if where is None or where.column is None or where.end_column is None or not where.code:
-        return [], None
-    expr = where.code[where.column : where.end_column]
-    try:
-        node = ast.parse(expr.strip(), mode="eval").body
-    except SyntaxError:
-        return [], None
-    src = expr.strip()
-    if (
-        isinstance(node, ast.Call)
-        and node.args
-        and not any(isinstance(a, ast.Starred) for a in node.args)
-    ):
-        operands = [ast.get_source_segment(src, a) or "" for a in node.args]
-    elif isinstance(node, ast.BinOp):
-        operands = [
-            ast.get_source_segment(src, node.left) or "",
-            ast.get_source_segment(src, node.right) or "",
-        ]
-    else:
-        return [], None
-    target = None
-    line = where.code.strip()
-    try:
-        stmt = ast.parse(line).body[0]
-    except (SyntaxError, IndexError):
-        stmt = None
-    if (
-        isinstance(stmt, ast.Assign)
-        and len(stmt.targets) == 1
-        and isinstance(stmt.targets[0], ast.Name)
-        and (ast.get_source_segment(line, stmt.value) or "").strip() == src
-    ):
-        target = stmt.targets[0].id
-    return [o for o in operands if o], target
-
-
-def _atomic(text: str) -> bool:
-    import ast
-
-    try:
-        node = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return False
-    return isinstance(node, (ast.Call, ast.Name, ast.Attribute, ast.Subscript, ast.Constant))
-
-
-def _constant(text: str) -> Callable[[re.Match[str]], str]:
-    """A re.sub replacement that inserts ``text`` as it is (no backslash escapes)."""
-    return lambda _m: text
-
-
-def adapt_fix(code: str, where: Frame | None) -> str:
-    """The catalog's fix code written with the user's own names: its placeholder operands ``x``
-    (and ``y`` for binary operations) become the operands at the caret, and the assigned name
-    becomes the user's variable."""
-
-    operands, target = _call_parts(where)
-    if not operands:
-        return code
-    second = "p" if re.search(r"\bp\b", code) and not re.search(r"\by\b", code) else "y"
-    names = ["x", second][: len(operands)]
-    if len(operands) == 1 and re.search(r"\by\b", code) and not re.search(r"\bx\b", code):
-        return code
-    lines = code.splitlines()
-    prefix = []
-    for name, text in zip(names, operands):
-        if name == text:
-            continue
-        simple = re.fullmatch(r"[A-Za-z_][\w.]*(\[[^\]]*\])?", text)
-        uses = sum(len(re.findall(rf"\b{name}\b", ln)) for ln in lines)
-        if simple or uses <= 1:
-            wrapped = text if simple or _atomic(text) else f"({text})"
-            lines = [re.sub(rf"\b{name}\b", _constant(wrapped), ln) for ln in lines]
-        else:  # a compound operand used several times: bind it once
-            prefix.append(f"{name} = {text}")
-    if target is not None and lines:
-        m = re.match(r"^(\w+) = ", lines[-1])
-        if m and m.group(1) not in ("ok",):
-            lines[-1] = f"{target} = " + lines[-1][m.end() :]
-    return "\n".join(prefix + lines)
-
-
 def suggestions(entry_id: str | None, backend: str, where: Frame | None = None) -> list[str]:
-    if entry_id is None:
-        return []
-    try:
-        entry = _catalog.get(entry_id)
-    except KeyError:
-        return []
-    return [f"{fx.summary}\n{adapt_fix(fx.code(backend), where)}" for fx in entry.fixes]
+    """The printed text of the fixes of ``entry_id`` at ``where`` (see :func:`fix_proposals`)."""
+    return _fix.render_suggestions(fix_proposals(entry_id, backend, where))
+
+
+def fix_proposals(entry_id: str | None, backend: str, where: Frame | None) -> list[FixProposal]:
+    """The catalog entry's fixes written on the user's statement (gradsan._fix), not yet run:
+    each code fix says so until the entry point that holds the program verifies it."""
+    out = _fix.proposals(entry_id, backend, where)
+    for p in out:
+        if p.code is not None and p.status == "unverified" and not p.checked:
+            p.checked = _fix.NOT_RUN
+    return out
 
 
 def catalog_finding(
@@ -192,6 +109,7 @@ def catalog_finding(
     if entry is not None:
         details.setdefault("derivative", entry.derivative)
     values = describe_values(primitive, got, count, size, index) if got is not None else ""
+    fixes = fix_proposals(entry_id, backend, where)
     return Finding(
         kind=kind,  # type: ignore[arg-type]
         catalog_id=entry_id,
@@ -214,7 +132,8 @@ def catalog_finding(
         outputs=list(outputs),
         title=entry.title if entry else "",
         explanation=entry.explanation if entry else "",
-        suggestions=suggestions(entry_id, backend, where),
+        suggestions=_fix.render_suggestions(fixes),
+        fixes=fixes,
         detail=details,
         got_value=got_value,
     )

@@ -255,6 +255,47 @@ def details_from(kind: str, mapping: Mapping[str, Any] | None) -> Details:
     return d
 
 
+# ---- fixes --------------------------------------------------------------------------------------
+
+FixStatus = Literal["verified", "failed", "unverified", "prose"]
+
+
+@dataclasses.dataclass
+class FixProposal:
+    """One fix for a finding, built on the syntax tree of the user's statement.
+
+    ``code`` is the rewritten statement as the user pastes it (None for prose advice); the edit
+    replaces ``file`` from (``start_line``, ``start_col``) to (``end_line``, ``end_col``) (lines
+    1-based, columns 0-based characters) with ``replacement``. ``status`` says whether gradsan
+    ran it: ``verified`` (``checked`` says what was compared), ``failed`` (``checked`` says why;
+    never printed), ``unverified`` (``checked`` says why gradsan could not run it), ``prose``."""
+
+    summary: str
+    code: str | None = None
+    backend: str = "jax"
+    file: str | None = None
+    start_line: int = 0
+    start_col: int = 0
+    end_line: int = 0
+    end_col: int = 0
+    replacement: str = ""
+    original: str = ""  # the statement's text the edit replaces (a changed file is not patched)
+    needs_import: str | None = None  # "gradsan.jax" when the code names gradsan.jax.safe
+    value_change: str | None = None  # the change of the forward value the fix states
+    status: FixStatus = "unverified"
+    checked: str = ""
+    gradient: list[float] | None = None  # the fixed gradient at the failing point (flattened)
+
+    def text(self) -> str:
+        """The summary and the code, as a report prints them."""
+        if self.code is None:
+            return self.summary
+        return f"{self.summary}\n{self.code}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 # ---- the finding --------------------------------------------------------------------------------
 
 
@@ -288,11 +329,15 @@ class Finding:
     outputs: list[OutputHit] = dataclasses.field(default_factory=list)
     title: str = ""
     explanation: str = ""
-    suggestions: list[str] = dataclasses.field(default_factory=list)
+    # the printed fixes and their records: what gradsan ran after the finding was built, so two
+    # findings of the same event compare equal whether or not their fixes were verified yet
+    suggestions: list[str] = dataclasses.field(default_factory=list, compare=False)
     # always a Details once built; a plain dict is accepted (and converted) from callers that
     # still write the former untyped ``detail``
     detail: Details | dict[str, Any] = dataclasses.field(default_factory=Details)
     got_value: float | None = None  # the operand value behind ``detail["got"]``, as a number
+    # the fixes built on the user's statement, verified first (``suggestions`` is their text)
+    fixes: list[FixProposal] = dataclasses.field(default_factory=list, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.detail, Details) or type(self.detail) is Details:
@@ -314,6 +359,8 @@ class Finding:
                 d["detail"] = dict(v)
             elif f.name == "outputs":
                 d["outputs"] = [dataclasses.asdict(o) for o in v]
+            elif f.name == "fixes":
+                d["fixes"] = [p.to_dict() for p in v]
             elif isinstance(v, Frame):
                 d[f.name] = v.to_dict()
             elif isinstance(v, list):
@@ -346,6 +393,14 @@ class Report:
         from ._text import render
 
         return render(self)
+
+    def patch(self) -> str:
+        """A unified diff of the user's source files with the first verified fix of each
+        finding applied (and ``import gradsan.jax`` / ``import gradsan.torch`` added where the
+        file lacks it), for ``git apply`` or ``patch -p1``; "" when no fix was verified."""
+        from .._fix import report_patch
+
+        return report_patch(self)
 
     def to_json(self, **kwargs: Any) -> str:
         from ._json import to_json

@@ -30,6 +30,7 @@ import os
 import sys
 from typing import Any
 
+from .._fix._hooks import verify_failure
 from ._failure import EXIT_NONFINITE as EXIT_NONFINITE
 from ._failure import Failure, Stop, say
 from ._hooks import Hooks, run_script
@@ -84,6 +85,7 @@ def run(
                     "the re-run of the script did not reproduce the non-finite gradient (is it "
                     "seeded?); run it with `gradsan run --trace` to trace every step instead."
                 )
+        verify_failure(failure)  # gradsan._fix: run the printed fixes before the report is shown
         say(failure.header)
         print(str(failure.report), file=sys.stderr, flush=True)
         d = write_repro(failure, script, argv, repro_dir)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._fix import _hooks
 from ._failure import EXIT_NONFINITE, Failure, ordinal, say
 
 
@@ -33,6 +34,7 @@ def write_repro(failure: Failure, script: str, argv: list[str], out_dir: str | N
         d = f"{base}-{i}"
         i += 1
     os.makedirs(d)
+    _hooks.write_fix_patch(failure, d)  # gradsan._fix: verify the fixes, write fix.patch
     meta: dict[str, Any] = {
         "backend": failure.backend,
         "script": os.path.abspath(script),

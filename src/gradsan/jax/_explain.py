@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import _catalog
+from .. import _catalog, _fix
 from .._blame import Blame
 from .._catalog._classify import classify
 from .._events import Because, Note, Origin, Poison, ZeroKind
@@ -912,6 +912,6 @@ def explain(fun: Callable) -> Callable[..., Report]:
 
     @functools.wraps(fun)
     def explained(*args: Any, **kwargs: Any) -> Report:
-        return diagnose(fun, args, kwargs, who="explain")
+        return _fix.verified(diagnose(fun, args, kwargs, who="explain"), fun, args, kwargs, "jax")
 
     return explained

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _catalog
+from .. import _catalog, _fix
 from .._catalog import _classify
 from .._errors import UsageError
 from .._events import Note, Origin, Poison
@@ -558,4 +558,6 @@ class explain(_Session):
             )
         session = type(self)(None)
         session.modules = list(self.modules)
-        return run_functional(session, self.fn, args, kwargs)
+        return _fix.verified(
+            run_functional(session, self.fn, args, kwargs), self.fn, args, kwargs, BACKEND
+        )

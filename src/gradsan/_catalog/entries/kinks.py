@@ -37,6 +37,7 @@ ABS_AT_ZERO = Singularity(
             "Use gradsan's safe abs for one documented subgradient in both frameworks:",
             "y = gradsan.jax.safe.abs(x)",
             "y = gradsan.torch.safe.abs(x)",
+            rewrite="safe",
         ),
         Fix(
             "Where a derivative at 0 matters, smooth the corner (pseudo-Huber):",
@@ -73,6 +74,7 @@ RELU_AT_ZERO = Singularity(
             "Use gradsan's safe maximum for one documented tie rule in both frameworks:",
             "y = gradsan.jax.safe.maximum(x, 0.0)",
             "y = gradsan.torch.safe.maximum(x, 0.0)",
+            rewrite="safe",
         ),
     ),
     safe="maximum",
@@ -115,6 +117,7 @@ MAX_TIE = Singularity(
             "Use gradsan's safe maximum for one documented tie rule in both frameworks:",
             "z = gradsan.jax.safe.maximum(x, y)",
             "z = gradsan.torch.safe.maximum(x, y)",
+            rewrite="safe",
         ),
         Fix(
             "Where ties are expected and a smooth gradient helps, use a soft maximum "
@@ -199,6 +202,7 @@ CLIP_AT_BOUND = Singularity(
             "Use gradsan's safe clip for one documented rule in both frameworks:",
             "y = gradsan.jax.safe.clip(x, lo, hi)",
             "y = gradsan.torch.safe.clip(x, lo, hi)",
+            rewrite="safe",
         ),
     ),
     safe="clip",
@@ -334,6 +338,7 @@ HYPOT_AT_ORIGIN = Singularity(
             "Use gradsan's safe hypot: the same values, gradient (0, 0) at the origin:",
             "r = gradsan.jax.safe.hypot(x, y)",
             "r = gradsan.torch.safe.hypot(x, y)",
+            rewrite="safe",
         ),
     ),
     safe="hypot",

@@ -41,6 +41,7 @@ NORM_AT_ZERO = Singularity(
             "Use gradsan's safe norm: the same values, gradient 0 at 0 (a valid subgradient):",
             "r = gradsan.jax.safe.norm(x)",
             "r = gradsan.torch.safe.norm(x)",
+            rewrite="safe",
         ),
         Fix(
             "Normalize with gradsan's safe normalize (0 maps to 0 with a finite gradient):",
@@ -103,6 +104,7 @@ STD_OF_CONSTANT = Singularity(
             "Use gradsan's safe std: the same values, gradient 0 where std == 0:",
             "s = gradsan.jax.safe.std(x)",
             "s = gradsan.torch.safe.std(x)",
+            rewrite="safe",
         ),
     ),
     safe="std",
@@ -150,6 +152,7 @@ VAR_OF_CONSTANT = Singularity(
             "Use gradsan's safe var:",
             "v = gradsan.jax.safe.var(x)",
             "v = gradsan.torch.safe.var(x)",
+            rewrite="safe",
         ),
     ),
     safe="var",

@@ -1,0 +1,275 @@
+"""Verification of torch fixes: ``gradsan.torch.explain(fn)(*args)`` holds the step and its
+arguments, so each code fix is run (patched function swapped in, see :mod:`._verify`) on copies
+of the arguments (tensors cloned, modules deep-copied: the user's ``.grad`` and parameters are
+not touched). The fixed step must give a finite loss equal to the original one, finite gradients
+for every leaf, gradients that match central differences of the original step in float64 along
+two directions, and the original outputs at two nearby points.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._report._records import Finding, FixProposal, Report
+from ._edit import apply
+from ._site import locate, parsed
+from ._verify import MAX_FINDINGS, _first_line, _show, function_index, patched_code, swapped
+
+
+def _copy(args: tuple, kwargs: dict, double: bool = False) -> tuple[tuple, dict]:
+    import torch
+
+    memo: dict[int, Any] = {}
+
+    def one(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            t = a.detach().clone()
+            if double and t.is_floating_point():
+                t = t.double()
+            return t.requires_grad_(a.requires_grad)
+        if isinstance(a, torch.nn.Module):
+            m = copy.deepcopy(a, memo)
+            for p in m.parameters():
+                p.grad = None
+            return m.double() if double else m
+        if isinstance(a, (list, tuple)):
+            return type(a)(one(x) for x in a)
+        if isinstance(a, dict):
+            return {k: one(v) for k, v in a.items()}
+        return a
+
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+
+def _leaves(args: tuple, kwargs: dict) -> list:
+    import torch
+
+    out: list = []
+    seen: set[int] = set()
+
+    def walk(a: Any) -> None:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad and a.is_leaf and id(a) not in seen:
+                seen.add(id(a))
+                out.append(a)
+        elif isinstance(a, torch.nn.Module):
+            for p in a.parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                walk(x)
+        elif isinstance(a, dict):
+            for x in a.values():
+                walk(x)
+
+    walk(args)
+    walk(kwargs)
+    return out
+
+
+def _step(fn: Callable, args: tuple, kwargs: dict) -> tuple[float | None, list[np.ndarray] | None]:
+    """(the loss fn returns, the gradient of every leaf) of one run on these arguments."""
+    import torch
+
+    leaves = _leaves(args, kwargs)
+    out = fn(*args, **kwargs)
+    loss = out[0] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor) else out
+    value = None
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        value = float(loss.detach().reshape(()))
+        if all(t.grad is None for t in leaves) and loss.requires_grad:
+            loss.backward()
+    grads = [
+        (t.grad if t.grad is not None else torch.zeros_like(t)).detach().double().cpu().numpy()
+        for t in leaves
+    ]
+    return value, grads
+
+
+def _moved(args: tuple, kwargs: dict, vs: list, h: float) -> None:
+    import torch
+
+    with torch.no_grad():
+        for t, v in zip(_leaves(args, kwargs), vs):
+            t.add_(h * torch.as_tensor(v, dtype=t.dtype))
+
+
+class _TorchProgram:
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.index: dict = {}
+        self.original: Callable[[], contextlib.AbstractContextManager[None]] = (
+            contextlib.nullcontext
+        )
+        a, k = _copy(args, kwargs)
+        self.value, self.grads = _step(fn, a, k)
+        self.shapes = [g.shape for g in self.grads or []]
+        rng = np.random.default_rng(0)
+        self.nearby = [[rng.standard_normal(s) * 1e-2 for s in self.shapes] for _ in range(2)]
+        self.nearby_out = []
+        for vs in self.nearby:
+            try:
+                a, k = _copy(args, kwargs)
+                _moved(a, k, vs, 1.0)
+                self.nearby_out.append(_step(fn, a, k))
+            except Exception:
+                self.nearby_out.append((None, None))
+
+    def _value(self, vs: list, h: float) -> float | None:
+        try:
+            a, k = _copy(self.args, self.kwargs, double=True)
+            _moved(a, k, vs, h)
+            v, _ = _step(self.fn, a, k)
+        except Exception:
+            return None
+        return v if v is not None and np.isfinite(v) else None
+
+    def central(self, grads: list[np.ndarray]) -> str | bool | None:
+        """Whether ``grads`` match differences of the original step (float64) along two random
+        directions: central ones, or (at the edge of the domain, where one side is NaN) one-sided
+        ones into the domain, extrapolated to h -> 0."""
+        rng = np.random.default_rng(1)
+        kind = "central differences"
+        f0 = self._value([np.zeros(s) for s in self.shapes], 0.0)
+        if f0 is None:
+            return None
+        for _ in range(2):
+            vs = [rng.standard_normal(s) for s in self.shapes]
+            h = 1e-6
+            hi, lo = self._value(vs, h), self._value(vs, -h)
+            if hi is not None and lo is not None:
+                fd = (hi - lo) / (2 * h)
+            else:
+                for u in ([np.abs(v) for v in vs], [-np.abs(v) for v in vs]):
+                    a, b = self._value(u, h), self._value(u, h / 2)
+                    if a is not None and b is not None:
+                        vs, kind = u, "one-sided differences into the domain"
+                        fd = 2 * ((b - f0) / (h / 2)) - (a - f0) / h
+                        break
+                else:
+                    return None
+            dot = float(sum(np.sum(g * v) for g, v in zip(grads, vs)))
+            scale = float(np.sqrt(sum(np.sum(g**2) for g in grads) * sum(np.sum(v**2) for v in vs)))
+            if abs(fd - dot) > 1e-3 * (abs(fd) + scale) + 1e-5:
+                return False
+        return kind
+
+
+def _check(prog: _TorchProgram, p: FixProposal) -> tuple[str, str]:
+    try:
+        a, k = _copy(prog.args, prog.kwargs)
+        value, grads = _step(prog.fn, a, k)
+    except Exception as e:
+        return "failed", f"the fixed step raised {type(e).__name__}"
+    if grads is None or not all(np.isfinite(g).all() for g in grads):
+        return "failed", "the fixed gradient is still non-finite"
+    if value is None or prog.value is None:
+        return "unverified", "the step returns no scalar loss to compare"
+    checked = []
+    if not np.isfinite(value):
+        return "failed", "the fixed loss is non-finite"
+    if not np.isfinite(prog.value):
+        if not p.value_change:
+            return "unverified", (
+                "the forward value is itself non-finite there, so there is no true gradient"
+            )
+        checked.append(f"value {prog.value:.6g} -> {value:.6g} as stated")
+    elif not np.isclose(value, prog.value, rtol=2e-4, atol=1e-6):
+        if not p.value_change:
+            return "failed", "the fix changes the forward value"
+        checked.append(f"value changed: {prog.value:.6g} -> {value:.6g}")
+    else:
+        checked.append("same value")
+    with prog.original():
+        fd = prog.central(grads)
+    if fd is False:
+        return "failed", f"gradient {_show(grads)} disagrees with central differences"
+    if fd is None:
+        return "unverified", (
+            f"the fixed gradient {_show(grads)} is finite, but gradsan could not difference "
+            "the step to check it"
+        )
+    checked.append(f"gradient {_show(grads)} matches {fd} (float64)")
+    same = 0
+    for vs, (ov, og) in zip(prog.nearby, prog.nearby_out):
+        if ov is None or og is None or not np.isfinite(ov):
+            continue
+        if not all(np.isfinite(g).all() for g in og):
+            continue  # the same singularity nearby: nothing to compare there
+        try:
+            a, k = _copy(prog.args, prog.kwargs)
+            _moved(a, k, vs, 1.0)
+            v, g = _step(prog.fn, a, k)
+        except Exception:
+            return "failed", "the fixed step fails near the failing point"
+        if v is None or not np.isclose(v, ov, rtol=1e-3, atol=1e-6):
+            return "failed", "the fix changes the loss near the failing point"
+        if g is None or not all(np.allclose(x, y, rtol=1e-3, atol=1e-6) for x, y in zip(g, og)):
+            return "failed", "the fix changes the gradient near the failing point"
+        same += 1
+    if same:
+        checked.append(f"same outputs at {same} nearby point{'s' if same > 1 else ''}")
+    return "verified", ", ".join(checked)
+
+
+def verify_one(prog: _TorchProgram, f: Finding, p: FixProposal) -> tuple[str, str]:
+    site = locate(f.where)
+    if site is None or site.func is None or p.file is None:
+        return "unverified", "the statement is not inside a function gradsan can re-run"
+    if site.in_lambda:
+        return "unverified", "the statement is inside a lambda or comprehension"
+    got = parsed(p.file)
+    if got is None:
+        return "unverified", "the source file could not be read"
+    fn = site.func
+    funcs = prog.index.get((p.file, fn.name, _first_line(fn)), [])
+    if not funcs:
+        return "unverified", f"gradsan found no live function {fn.name} to run the fix in"
+    old = funcs[0].__code__
+    funcs = [g for g in funcs if g.__code__ is old]
+    code = patched_code(p.file, apply(got[0], [p]), fn.name, fn.lineno, old.co_freevars)
+    if code is None:
+        return "unverified", "the patched function could not be compiled the same way"
+    with swapped(funcs, code, "torch", False) as original:
+        prog.original = original
+        return _check(prog, p)
+
+
+def verify_torch(report: Report, fn: Callable, args: tuple, kwargs: dict) -> None:
+    from . import render_suggestions
+
+    todo = [
+        f
+        for f in report.findings
+        if f.kind in ("nonfinite", "unresolved") and any(p.code for p in f.fixes)
+    ][:MAX_FINDINGS]
+    if not todo:
+        return
+    try:
+        prog = _TorchProgram(fn, args, kwargs)
+    except Exception as e:
+        for f in todo:
+            for p in f.fixes:
+                if p.code is not None:
+                    p.status, p.checked = "unverified", f"the step could not be re-run ({e})"
+            f.suggestions = render_suggestions(f.fixes)
+        return
+    prog.index = function_index({p.file for f in todo for p in f.fixes if p.file})
+    for f in todo:
+        for p in f.fixes:
+            if p.code is None:
+                continue
+            try:
+                p.status, p.checked = verify_one(prog, f, p)  # type: ignore[assignment]
+            except Exception as e:
+                p.status, p.checked = "unverified", f"gradsan could not run it ({type(e).__name__})"
+        rank = {"verified": 0, "unverified": 1, "prose": 2, "failed": 3}
+        f.fixes.sort(key=lambda p: rank[p.status])
+        f.suggestions = render_suggestions(f.fixes)
