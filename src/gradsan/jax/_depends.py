@@ -141,6 +141,8 @@ def one_sided(k: Kink, tans: list[np.ndarray], sel_tans: list | None) -> list | 
         return None
     if op == "abs":
         os = np.abs(t[0])
+    elif op == "i0e":  # i0e'(x) = i1e(x) - sign(x) i0e(x); at 0 (i0e = 1, i1e = 0): -|t|
+        os = -np.abs(t[0])
     elif op in ("relu", "max", "min"):
         a, b = np.broadcast_arrays(t[0], t[1])
         os = np.maximum(a, b) if op != "min" else np.minimum(a, b)
