@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from .. import _catalog
@@ -469,18 +470,42 @@ def kink_findings(
 
 class Injector(DependenceEval):
     """The program with perturbations ``eps[c] * delta`` added at the recorded evaluations
-    (see :mod:`gradsan.jax._depends`); calls with a custom rule are bound, so AD uses it."""
+    (see :mod:`gradsan.jax._depends`); calls with a custom rule are bound, so AD uses it. The
+    sidecar is the set of candidates (``marks``: key -> candidate ids) whose evaluation reaches
+    the value along a path a gradient can take (stop_gradient cuts it)."""
 
-    def __init__(self, table: dict, eps: Any) -> None:
+    def __init__(self, table: dict, eps: Any, marks: dict | None = None) -> None:
         super().__init__()
         self.table = table
         self.eps = eps
+        self.marks = marks or {}
+
+    def literal_side(self, value: Any) -> Any:
+        return frozenset()
+
+    def const_side(self, value: Any, label: str) -> Any:
+        return frozenset()
+
+    def stack_side(self, sides: list, scope: Scope) -> Any:
+        return frozenset().union(*sides)
+
+    def carry_side(self, old: Any, new: Any) -> Any:
+        return old | new
+
+    def _mark(self, key: tuple, sides: list) -> list:
+        m = self.marks.get(key)
+        return [x | m for x in sides] if m else sides
 
     def first_order(
         self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
     ) -> tuple[list, list]:
-        outs, sides = super().first_order(eqn, invals, insides, scope, key)
-        return _depends.inject(list(outs), key, self.table, self.eps), sides
+        outs = self.evaluate(eqn, invals, key)
+        if eqn.primitive.name == "stop_gradient":
+            sides: list[frozenset] = [frozenset()] * len(outs)
+        else:
+            sides = [frozenset().union(*insides)] * len(outs)
+        outs = _depends.inject(list(outs), key, self.table, self.eps)
+        return outs, self._mark(key, sides)
 
     def call(
         self,
@@ -494,10 +519,18 @@ class Injector(DependenceEval):
     ) -> tuple[list, list]:
         if eqn.primitive.name in CUSTOM_RULE_CALLS:
             outs = _bind(eqn, invals)
-            sides = [any(insides)] * len(outs)
+            sides = [frozenset().union(*insides)] * len(outs)
         else:
-            outs, sides = super().call(eqn, jaxpr, consts, invals, insides, scope, key)
-        return _depends.inject(list(outs), key, self.table, self.eps), sides
+            outs, sides = self.run(
+                jaxpr,
+                consts,
+                [frozenset()] * len(consts),
+                invals,
+                insides,
+                self.call_scope(eqn, jaxpr, invals, insides, scope, key),
+            )
+        outs = _depends.inject(list(outs), key, self.table, self.eps)
+        return outs, self._mark(key, list(sides))
 
 
 def differentiated(fun: Callable, nums: tuple | None) -> tuple[Callable, tuple | None]:
@@ -670,10 +703,17 @@ def depending_kinks(
                     probes.append(_depends.Probe(c, combo, key, out_i, delta, jump))
     live = [p for p in probes if p.cand not in undecided and np.any(p.delta != 0)]
     live_ids = {id(p) for p in live}
-    sides = [False] * len(flat_args)
+    sides: list[frozenset] = [frozenset()] * len(flat_args)
+    marks: dict[tuple, frozenset] = {}
+    for p in probes:
+        marks[p.key] = marks.get(p.key, frozenset()) | {p.cand}
+    reach: list[frozenset] = []
 
     def run(table: dict, eps: Any) -> Any:
-        return Injector(table, eps).run_closed(closed, flat_args, sides)[0]
+        outs, osides = Injector(table, eps, marks).run_closed(closed, flat_args, sides)
+        if not reach:
+            reach.append(frozenset().union(*[x for o, x in zip(outs, osides) if is_float(o)]))
+        return outs
 
     jac = _depends.images(closed, flat_args, live, run) if live else np.zeros((0, 0))
     allp = live + [p for p in probes if id(p) not in live_ids]
@@ -691,7 +731,12 @@ def depending_kinks(
             for c in decided:
                 verdicts[c] = _depends.Verdict(False, CHAIN)
         elif _depends.disagrees(steps):
-            back = [c for c in silent if c in jumps] or ([] if decided else silent)
+            if not reach:  # nothing was injected: the paths, from one plain pass
+                run({}, jnp.zeros((0,), jnp.float32))
+            gone = set(silent) - set(reach[0] if reach else ())  # no gradient path to an output
+            back = [c for c in silent if c in jumps and c not in gone] or (
+                [] if decided else [c for c in silent if c not in gone]
+            )
             for c in back:
                 verdicts[c] = _depends.Verdict(True, "one-sided derivative differs")
     keep: list[Kink] = []
