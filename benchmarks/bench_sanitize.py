@@ -9,7 +9,14 @@
    compilation included, like sanitize's), and a repeated call (its compiled screen is cached
    per argument structure) against a warm jitted step.
 
+3. ``--paired OTHER_SRC``: the clean step's cost against another gradsan tree (before/after):
+   rounds alternate a child process per tree (``PYTHONPATH=OTHER_SRC`` and this tree), each
+   timing sanitize's warm call on a clean step (no kink: the compiled screen alone) against
+   the warm jitted step; it prints each tree's median ratio with its spread (min..max and
+   interquartile range) and the median of the paired differences.
+
     python benchmarks/bench_sanitize.py [--epochs 3] [--layers 200]
+    python benchmarks/bench_sanitize.py --paired /work/main/src --rounds 7 --layers 50
 """
 
 from __future__ import annotations
@@ -135,13 +142,88 @@ def cost(layers: int, width: int) -> None:
     print(f"RESULT sanitize.repeat_vs_warm_step={again / warm:.2f}")
 
 
+def clean_ratio(layers: int, width: int, reps: int) -> None:
+    """One child's measure: sanitize's warm call on a clean step over the warm jitted step."""
+    params = init(jax.random.PRNGKey(1), [32] + [width] * layers + [10], jnp.float32)
+    x = jax.random.normal(jax.random.PRNGKey(2), (16, 32))
+    y = jax.nn.one_hot(jnp.arange(16) % 10, 10)
+
+    def step(params, x, y):
+        return jax.grad(loss)(params, x, y)
+
+    fast = jax.jit(step)
+    san = gsj.sanitize(step)
+    jax.block_until_ready(fast(params, x, y))
+    r = san(params, x, y)
+    assert not r.findings, "the clean step has findings"
+    plain, sani = [], []
+    for _ in range(reps):  # interleaved, so load changes hit both alike
+        t0 = time.perf_counter()
+        jax.block_until_ready(fast(params, x, y))
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        san(params, x, y)
+        sani.append(time.perf_counter() - t0)
+    print(f"RESULT clean.ratio={np.median(sani) / np.median(plain):.4f}")
+    print(f"RESULT clean.sanitize_ms={np.median(sani) * 1e3:.4f}")
+
+
+def paired(other: str, rounds: int, layers: int, reps: int) -> None:
+    import os
+    import re
+    import subprocess
+    import sys
+
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    trees = {"other": other, "this": here}
+    got: dict[str, list[float]] = {"other": [], "this": []}
+    ms: dict[str, list[float]] = {"other": [], "this": []}
+    for i in range(rounds):
+        order = ["other", "this"] if i % 2 == 0 else ["this", "other"]
+        for name in order:
+            env = dict(os.environ, PYTHONPATH=trees[name])
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--layers", str(layers), "--reps", str(reps)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            got[name].append(float(re.search(r"clean.ratio=([\d.]+)", out).group(1)))
+            ms[name].append(float(re.search(r"clean.sanitize_ms=([\d.]+)", out).group(1)))
+    for name in ("other", "this"):
+        a = np.array(got[name])
+        q1, q3 = np.percentile(a, [25, 75])
+        print(
+            f"{name:5s} ({trees[name]}): sanitize / plain warm step, clean {layers}-layer MLP: "
+            f"median {np.median(a):.3f} (min {a.min():.3f}, max {a.max():.3f}, IQR "
+            f"{q1:.3f}..{q3:.3f}; {rounds} rounds); sanitize median {np.median(ms[name]):.3f} ms"
+        )
+    d = np.array(got["this"]) - np.array(got["other"])
+    print(
+        f"paired difference (this - other): median {np.median(d):+.3f} "
+        f"(min {d.min():+.3f}, max {d.max():+.3f})"
+    )
+    print(f"RESULT clean.paired_median_diff={np.median(d):+.4f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--layers", type=int, default=200)
+    ap.add_argument("--paired", default=None, help="another gradsan src tree to compare with")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args()
+    if ns.child:
+        clean_ratio(ns.layers, 32, ns.reps)
+        return
+    if ns.paired:
+        paired(ns.paired, ns.rounds, ns.layers, ns.reps)
+        return
     telemetry(ns.epochs, ns.width, ns.batch)
     cost(ns.layers, 32)
 

@@ -5,8 +5,10 @@ both frameworks (float64, CPU). The output depends only on the installed JAX and
     python tools/gen_conventions.py           # rewrite docs/conventions.md
     python tools/gen_conventions.py --check   # exit 1 if the committed table is out of date
 
-tests/jax/test_conventions_table.py checks that the committed table matches the installed
-versions.
+A second table lists every catalog entry sanitize reports (kinks, jumps, conventions outside
+the admissible set) with its subdifferential, admissible set and both conventions, as the
+catalog writes them. tests/jax/test_conventions_table.py checks that the committed file matches
+the installed versions and this tree's catalog.
 """
 
 from __future__ import annotations
@@ -207,6 +209,58 @@ def cases() -> list[Case]:
             _of("atan2-at-origin"),
         ),
         Case(
+            "norm(x, ord=1)",
+            "x = [0, 0]",
+            lambda: jg(lambda x: jnp.linalg.norm(x, ord=1), [0.0, 0.0]),
+            lambda: tg(lambda x: torch.linalg.vector_norm(x, ord=1), [0.0, 0.0]),
+            _of("abs-at-zero"),
+        ),
+        Case(
+            "norm(x, ord=inf)",
+            "x = [1, 1, 0.5]",
+            lambda: jg(lambda x: jnp.linalg.norm(x, ord=jnp.inf), [1.0, 1.0, 0.5]),
+            lambda: tg(lambda x: torch.linalg.vector_norm(x, ord=float("inf")), [1.0, 1.0, 0.5]),
+            Admissible.simplex([0, 1], "convex combinations of e0, e1"),
+        ),
+        Case(
+            "norm(x - y) / cdist(x, y)",
+            "x = y = [1, 2]",
+            lambda: jg(lambda x: jnp.linalg.norm(x - jnp.array([1.0, 2.0])), [1.0, 2.0]),
+            lambda: tg(
+                lambda x: torch.cdist(x[None], torch.tensor([[1.0, 2.0]], dtype=x.dtype)).sum(),
+                [1.0, 2.0],
+            ),
+            _of("norm-at-zero"),
+        ),
+        Case(
+            "std(x)",
+            "x = [1, 1, 1]",
+            lambda: jg(lambda x: jnp.std(x, ddof=1), [1.0, 1.0, 1.0]),
+            lambda: tg(torch.std, [1.0, 1.0, 1.0]),
+            Admissible.ball(_catalog.get("std-of-constant").subdifferential or ""),
+        ),
+        Case(
+            "median(x)",
+            "x = [1, 1, 3]",
+            lambda: jg(jnp.median, [1.0, 1.0, 3.0]),
+            lambda: tg(torch.median, [1.0, 1.0, 3.0]),
+            Admissible.simplex([0, 1], "convex combinations of e0, e1"),
+        ),
+        Case(
+            "bessel_i0e(x) / special.i0e(x)",
+            "x = 0",
+            lambda: jg(jax.lax.bessel_i0e, z),
+            lambda: tg(torch.special.i0e, z),
+            _of("i0e-at-zero"),
+        ),
+        Case(
+            "scipy.special.i0(x) / special.i0(x)  (smooth)",
+            "x = 0",
+            lambda: jg(jax.scipy.special.i0, z),
+            lambda: tg(torch.special.i0, z),
+            Admissible.interval(0, 0, "{0} (differentiable)"),
+        ),
+        Case(
             "relu(x) - relu(-x)  (= x)",
             "x = 0",
             lambda: jg(lambda x: jax.nn.relu(x) - jax.nn.relu(-x), z),
@@ -240,6 +294,29 @@ def _verdict(admissible: Admissible, g: Any) -> str:
     return "yes" if admissible.contains(g) else "**no**"
 
 
+def _cell(text: str | None) -> str:
+    return (text or "").replace("|", "\\|").replace("\n", " ").strip() or "-"
+
+
+def catalog_entries() -> list:
+    """The entries sanitize reports: kinks, jumps and discontinuities, and any convention
+    outside the admissible set."""
+    from gradsan._catalog._types import CONVENTION_KINDS
+
+    return [e for e in _catalog.ENTRIES if e.kind in CONVENTION_KINDS or e.inadmissible]
+
+
+def catalog_rows() -> list[str]:
+    rows = []
+    for e in catalog_entries():
+        adm = e.admissible.words if e.admissible is not None else "-"
+        rows.append(
+            f"| `{e.id}` | {e.op} | {_cell(e.subdifferential)} | {_cell(adm)} | "
+            f"{_cell(e.conventions.get('jax'))} | {_cell(e.conventions.get('torch'))} |"
+        )
+    return rows
+
+
 def render() -> str:
     import jax
     import torch
@@ -248,7 +325,7 @@ def render() -> str:
     for c in cases():
         gj, gt = c.jax(), c.torch()
         rows.append(
-            f"| `{c.name}` | {c.point} | {_fmt(gj)} | {_fmt(gt)} | {c.admissible.words} | "
+            f"| `{c.name}` | {c.point} | {_fmt(gj)} | {_fmt(gt)} | {_cell(c.admissible.words)} | "
             f"{_verdict(c.admissible, gj)} | {_verdict(c.admissible, gt)} |"
         )
     torch_version = torch.__version__.split("+")[0]
@@ -268,6 +345,16 @@ def render() -> str:
         "| operation | point | JAX | PyTorch | admissible set | JAX admissible | PyTorch admissible |",
         "|---|---|---|---|---|---|---|",
         *rows,
+        "",
+        "## The catalog's kinks, ties and jumps",
+        "",
+        "Every catalog entry that sanitize reports as a kink or a convention, with its "
+        "subdifferential, its admissible set and each framework's convention, as the catalog "
+        "writes them (`gradsan catalog <id>` prints the whole entry).",
+        "",
+        "| entry | op | subdifferential | admissible set | JAX | PyTorch |",
+        "|---|---|---|---|---|---|",
+        *catalog_rows(),
         "",
     ]
     return "\n".join(lines)

@@ -182,6 +182,7 @@ CASES: list[tuple[str, list, list, dict, str]] = [
     ("clamp", [0.0, 0.0, 1.0], [0.0, "tiny", 1.0], {}, "clip-at-bound"),
     ("clamp", [0.0, 1.0, 1.0], [0.0, "1-", 1.0], {}, "clip-at-bound"),
     ("clamp", [None, 1.0, 1.0], [None, "1-", 1.0], {}, "clip-at-bound"),
+    ("i0e", [0.0], ["tiny"], {}, "i0e-at-zero"),
     ("floor", [2.0], ["2+"], {}, "floor-round-at-jump"),
     ("ceil", [2.0], ["2+"], {}, "floor-round-at-jump"),
     ("round", [0.5], ["0.5+"], {}, "floor-round-at-jump"),

@@ -35,3 +35,27 @@ def test_table_flags_the_inadmissible_conventions():
     assert "**no**" in rows["`norm(x)`"].split("|")[6]  # JAX: nan
     assert "**no**" in rows["`hypot(x, y)`"].split("|")[7]  # PyTorch: nan
     assert "1.0" in rows["`abs(x)`"].split("|")[3] and "0.0" in rows["`abs(x)`"].split("|")[4]
+
+
+def test_every_reported_catalog_entry_has_its_row():
+    """The catalog section is generated from the catalog: each entry sanitize reports appears
+    with its admissible set and both conventions (issue 15)."""
+    gen = _gen()
+    text = gen.render()
+    rows = {ln.split("|")[1].strip(): ln for ln in text.splitlines() if ln.startswith("| `")}
+    for e in gen.catalog_entries():
+        row = rows[f"`{e.id}`"]
+        assert gen._cell(e.conventions["jax"]) in row and gen._cell(e.conventions["torch"]) in row
+        if e.admissible is not None:
+            assert gen._cell(e.admissible.words) in row
+
+
+def test_table_measures_the_silent_conventions():
+    rows = {
+        ln.split("|")[1].strip(): ln.split("|")
+        for ln in _gen().render().splitlines()
+        if ln.startswith("| `")
+    }
+    assert rows["`std(x)`"][3].strip() == "[nan, nan, nan]" and "yes" in rows["`std(x)`"][-2]
+    i0 = rows["`scipy.special.i0(x) / special.i0(x)  (smooth)`"]
+    assert i0[3].strip() == "1.0" and "**no**" in i0[-3]  # JAX's gradient of I0 at 0 is wrong

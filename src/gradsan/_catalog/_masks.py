@@ -269,7 +269,7 @@ def _kink(*ops: str) -> Callable[[Mask], Mask]:
     return register
 
 
-_kink("abs", "relu", "sign")(at_zero)
+_kink("abs", "relu", "sign", "i0e")(at_zero)
 _kink("atan2", "hypot")(origin)
 
 

@@ -117,6 +117,7 @@ CONTINUOUS_KINKS: frozenset[str] = frozenset(
     {
         "abs",
         "relu",
+        "i0e",
         "max",
         "min",
         "clamp",

@@ -34,7 +34,7 @@ def switch_spread(k: Kink, tans: list[np.ndarray]) -> np.ndarray:
         return np.abs(a - b) / np.maximum(eps * (np.abs(a) + np.abs(b)), 1e-300)
 
     op = k.op
-    if op in ("abs", "sign", "floor", "ceil", "round", "trunc"):
+    if op in ("abs", "i0e", "sign", "floor", "ceil", "round", "trunc"):
         return np.broadcast_to(np.where(t[0] == 0, 0.0, np.inf), k.mask.shape)
     if op in ("relu", "max", "min", "where", "cmp", "hypot", "atan2"):
         if op in ("hypot", "atan2"):
@@ -173,7 +173,7 @@ def convention(k: Kink) -> dict[str, Any]:
     op = k.op
     d: dict[str, Any] = {}
     try:
-        if op in ("abs", "relu", "sign", "floor", "ceil", "round", "trunc"):
+        if op in ("abs", "i0e", "relu", "sign", "floor", "ceil", "round", "trunc"):
             i = 0 if op != "relu" else (0 if k.deps[0] else 1)
             custom = k.scope.custom
             if (
@@ -189,7 +189,7 @@ def convention(k: Kink) -> dict[str, Any]:
             else:
                 val = _at(_jvp_wrt(k.eqn, invals, i)[0], idx, shape)
             d["value"] = _fmt(val)
-            if op == "abs":
+            if op in ("abs", "i0e"):
                 d["admissible"] = bool(-1 <= val <= 1)
             elif op == "relu":
                 d["admissible"] = bool(0 <= val <= 1)

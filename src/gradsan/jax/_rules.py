@@ -50,6 +50,7 @@ PRIMITIVE_OPS: dict[str, str] = {
 # lax primitive name -> canonical op of the kink masks in gradsan._catalog._classify
 KINK_OPS: dict[str, str] = {
     "abs": "abs",
+    "bessel_i0e": "i0e",
     "sign": "sign",
     "max": "max",
     "min": "min",

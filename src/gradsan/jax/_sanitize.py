@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from .. import _catalog
@@ -28,7 +29,7 @@ from .._events import Kink as KinkEvent
 from .._report import Finding, Frame, Report
 from .._report._build import build
 from .._report._format import format_value
-from . import _compat
+from . import _compat, _depends
 from ._call import check_callable, leaf_owner, random_directions, read_tangents, trace
 from ._compat import bind as _bind
 from ._conventions import convention, trivial_mask
@@ -62,6 +63,7 @@ class _Done(Exception):
 @dataclasses.dataclass(eq=False)
 class KinkScope(Scope):
     custom: Any = None  # (eqn, invals, deps) of the innermost custom_jvp/vjp call
+    custom_outer: Any = None  # (key, eqn, invals) of the outermost custom_jvp/vjp call
     summarized: bool = False  # inside a library call reported as one operation
 
 
@@ -84,6 +86,7 @@ class Kink:
     pred: Any = None
     invals: list | None = None  # the operand arrays, for the convention
     summarized: bool = False
+    skey: tuple | None = None  # where: the key of the select_n (its cases' tangents)
 
     @property
     def index(self) -> tuple:
@@ -134,6 +137,8 @@ class DependenceEval(Interpreter):
         self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
     ) -> tuple[list, list]:
         outs = self.evaluate(eqn, invals, key)
+        if eqn.primitive.name == "stop_gradient":  # no gradient flows through it
+            return outs, [False] * len(outs)
         return outs, [any(insides)] * len(outs)
 
     def evaluate(self, eqn: Any, invals: list, key: tuple) -> list:
@@ -162,6 +167,8 @@ class DependenceEval(Interpreter):
         assert isinstance(sub, KinkScope)
         if eqn.primitive.name in CUSTOM_RULE_CALLS:
             sub.custom = (eqn, invals, insides)
+            if sub.custom_outer is None:
+                sub.custom_outer = (key, eqn, list(invals))
         if sub.library is None:
             sub.library = call_library(eqn, jaxpr)
         return sub
@@ -206,6 +213,11 @@ class TapReader(DependenceEval):
         key: tuple,
     ) -> tuple[list, list]:
         self._tap(key, invals)  # a library call reported as one operation
+        if eqn.primitive.name == "custom_jvp_call" and not any(
+            w[: len(key)] == key for w in self.want if len(w) > len(key)
+        ):  # tangents through the call as AD computes them: by its rule
+            outs = _bind(eqn, invals)
+            return outs, [any(insides)] * len(outs)
         return super().call(eqn, jaxpr, consts, invals, insides, scope, key)
 
 
@@ -325,6 +337,7 @@ class KinkEval(DependenceEval):
             mask = np.broadcast_to(eqm, np.shape(outs[0]))
             got = format_value(np.broadcast_to(lhs, eqm.shape)[eqm].flat[0])
             cases = [_np(v) for v in invals[1:]]
+            skey = key
             self.kinks.append(
                 Kink(
                     ckey,
@@ -341,12 +354,13 @@ class KinkEval(DependenceEval):
                     cases=cases,
                     pred=_np(invals[0]),
                     summarized=scope.summarized,
+                    skey=skey,
                 )
             )
             return
         op = kink_op(eqn, invals, deps)
-        if op is None:
-            return
+        if op is None or not any(d and is_float(v) for d, v in zip(deps, invals)):
+            return  # an integer path (lax.switch's index clamp) carries no gradient
         operands = [_np(v) for v in invals]
         params = kink_params(name, eqn.params)
         hit = classify(op, operands, None, params)
@@ -411,7 +425,9 @@ def kink_finding(k: Kink, count: int, size: int, trivial: np.ndarray | None) -> 
     return build(kink_event(k, count, size, trivial))
 
 
-def kink_findings(ev: KinkEval, per_dir: list[dict], ignore: Sequence[str] = ()) -> list[Finding]:
+def kink_findings(
+    ev: KinkEval, per_dir: list[dict], ignore: Sequence[str] = (), decided: bool = False
+) -> list[Finding]:
     groups: dict[tuple, list[Kink]] = {}
     order: list[tuple] = []
     for k in ev.kinks:
@@ -443,8 +459,294 @@ def kink_findings(ev: KinkEval, per_dir: list[dict], ignore: Sequence[str] = ())
         tans = [d[first.key] for d in per_dir if first.key in d]
         if tans and len(tans) == len(per_dir):
             triv = trivial_mask(first, tans)
+        if decided:  # the gradient depends on it: no tied candidate is the same function
+            triv = np.zeros(first.mask.shape, bool)
         out.append(kink_finding(first, count, size, triv))
     return out
+
+
+# -- whether the gradient depends on the kinks ----------------------------------------------
+
+
+class Injector(DependenceEval):
+    """The program with perturbations ``eps[c] * delta`` added at the recorded evaluations
+    (see :mod:`gradsan.jax._depends`); calls with a custom rule are bound, so AD uses it. The
+    sidecar is the set of candidates (``marks``: key -> candidate ids) whose evaluation reaches
+    the value along a path a gradient can take (stop_gradient cuts it)."""
+
+    def __init__(self, table: dict, eps: Any, marks: dict | None = None) -> None:
+        super().__init__()
+        self.table = table
+        self.eps = eps
+        self.marks = marks or {}
+
+    def literal_side(self, value: Any) -> Any:
+        return frozenset()
+
+    def const_side(self, value: Any, label: str) -> Any:
+        return frozenset()
+
+    def stack_side(self, sides: list, scope: Scope) -> Any:
+        return frozenset().union(*sides)
+
+    def carry_side(self, old: Any, new: Any) -> Any:
+        return old | new
+
+    def _mark(self, key: tuple, sides: list) -> list:
+        m = self.marks.get(key)
+        return [x | m for x in sides] if m else sides
+
+    def first_order(
+        self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
+    ) -> tuple[list, list]:
+        outs = self.evaluate(eqn, invals, key)
+        if eqn.primitive.name == "stop_gradient":
+            sides: list[frozenset] = [frozenset()] * len(outs)
+        else:
+            sides = [frozenset().union(*insides)] * len(outs)
+        outs = _depends.inject(list(outs), key, self.table, self.eps)
+        return outs, self._mark(key, sides)
+
+    def call(
+        self,
+        eqn: Any,
+        jaxpr: Any,
+        consts: list,
+        invals: list,
+        insides: list,
+        scope: Scope,
+        key: tuple,
+    ) -> tuple[list, list]:
+        if eqn.primitive.name in CUSTOM_RULE_CALLS:
+            outs = _bind(eqn, invals)
+            sides = [frozenset().union(*insides)] * len(outs)
+        else:
+            outs, sides = self.run(
+                jaxpr,
+                consts,
+                [frozenset()] * len(consts),
+                invals,
+                insides,
+                self.call_scope(eqn, jaxpr, invals, insides, scope, key),
+            )
+        outs = _depends.inject(list(outs), key, self.table, self.eps)
+        return outs, self._mark(key, list(sides))
+
+
+def differentiated(fun: Callable, nums: tuple | None) -> tuple[Callable, tuple | None]:
+    """The function whose gradient a kink can change, and the arguments it is taken with
+    respect to: ``f`` for ``jax.grad(f)`` / ``jax.value_and_grad(f)`` (its first output with
+    ``has_aux``), else ``fun`` itself."""
+    info = _compat.grad_info(fun)
+    if info is None:
+        return fun, nums
+    f = info.fun
+    argnums = info.argnums
+    anums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if info.has_aux:
+
+        def first(*a: Any, **kw: Any) -> Any:
+            return f(*a, **kw)[0]
+
+        return first, anums
+    return f, anums
+
+
+def has_backward(closed: Any) -> bool:
+    """Whether a traced program runs a backward pass of its own (a train step that calls
+    ``jax.grad`` inside)."""
+    seen: set[int] = set()
+
+    def walk(jaxpr: Any) -> bool:
+        if id(jaxpr) in seen:
+            return False
+        seen.add(id(jaxpr))
+        for eqn in jaxpr.eqns:
+            if _compat.is_backward(eqn, False):
+                return True
+            body = _compat.call_body(eqn)
+            if body is not None and walk(getattr(body[0], "jaxpr", body[0])):
+                return True
+            for br in eqn.params.get("branches", ()) or ():
+                if walk(getattr(br, "jaxpr", br)):
+                    return True
+            for nm in ("jaxpr", "body_jaxpr", "cond_jaxpr"):
+                sub = eqn.params.get(nm)
+                if sub is not None and hasattr(getattr(sub, "jaxpr", sub), "eqns"):
+                    if walk(getattr(sub, "jaxpr", sub)):
+                        return True
+        return False
+
+    return walk(closed.jaxpr)
+
+
+CHAIN = "one-sided derivatives equal to AD's"
+UNCHECKED_NOTE = (
+    "{fn} runs its own backward pass: its kinks are listed without checking whether its "
+    "gradient depends on them (sanitize the loss, or jax.grad of it, to check)"
+)
+CHECKED_NOTE = (
+    "{n} kink(s) or tie(s) checked and left out: the gradient does not depend on the choice "
+    "there ({why})"
+)
+
+
+def kink_report(
+    fun: Callable,
+    args: tuple,
+    kwargs: dict,
+    nums: tuple | None,
+    directions: int,
+    ignore: tuple,
+) -> tuple[list[Finding], list[str]]:
+    """The kink findings of one step at a detected tie, and the summary notes: a kink is a
+    finding only when the gradient depends on it (:mod:`gradsan.jax._depends`)."""
+    target, tnums = differentiated(fun, nums)
+    closed, flat_args, ev = scan_kinks(target, args, kwargs)
+    owner = leaf_owner(args, kwargs)
+    fname = getattr(fun, "__name__", "function")
+    if has_backward(closed) or directions <= 0:
+        want = {k.key for k in ev.kinks if not k.summarized and k.op in TIES}
+        per_dir: list[dict] = []
+        if want and directions > 0:
+            dirs = random_directions(flat_args, owner, tnums, directions)
+            per_dir = kink_tangents(closed, flat_args, want, dirs)
+        notes = [UNCHECKED_NOTE.format(fn=fname)] if ev.kinks and directions > 0 else []
+        return kink_findings(ev, per_dir, ignore), notes
+    keep, counts = depending_kinks(closed, flat_args, ev, owner, tnums, directions, ignore)
+    ev.kinks = keep
+    found = kink_findings(ev, [], ignore, decided=True)
+    notes = []
+    n = sum(counts.values())
+    if n:
+        why = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        notes.append(CHECKED_NOTE.format(n=n, why=why))
+    return found, notes
+
+
+def _custom_of(k: Kink) -> tuple | None:
+    return k.scope.custom_outer
+
+
+def depending_kinks(
+    closed: Any,
+    flat_args: list,
+    ev: KinkEval,
+    owner: list,
+    nums: tuple | None,
+    directions: int,
+    ignore: tuple,
+) -> tuple[list[Kink], dict[str, int]]:
+    """The recorded kinks the gradient depends on, and how many places were left out, by
+    reason."""
+    cands = [
+        k for k in ev.kinks if not k.summarized and k.entry_id not in ignore and k.op not in ignore
+    ]
+    if not cands:
+        return [], {}
+    # one candidate per evaluation; the kinks inside a custom rule's primal share their call
+    units: list[tuple] = []  # (kind, key, kinks)
+    index: dict[tuple, int] = {}
+    for k in cands:
+        co = _custom_of(k)
+        uk = ("custom", co[0]) if co is not None else ("kink", k.key, id(k))
+        if uk not in index:
+            index[uk] = len(units)
+            units.append((uk[0], co if co is not None else k, []))
+        units[index[uk]][2].append(k)
+    want: set = set()
+    for kind, obj, _ in units:
+        if kind == "custom":
+            want.add(obj[0])
+        else:
+            want.add(obj.key)
+            if obj.skey is not None:
+                want.add(obj.skey)
+    dirs = random_directions(flat_args, owner, nums, directions)
+    per_dir = kink_tangents(closed, flat_args, want, dirs)
+    probes: list[_depends.Probe] = []
+    undecided: set[int] = set()
+    for c, (kind, obj, _) in enumerate(units):
+        for j, taps in enumerate(per_dir):
+            for s in (1.0, -1.0):
+                combo = 2 * j + (0 if s > 0 else 1)
+                if kind == "custom":
+                    key, ceqn, cin = obj
+                    cin = [_np(v) for v in cin]
+                    t = taps.get(key)
+                    if t is None:
+                        undecided.add(c)
+                        continue
+                    try:
+                        res = _depends.custom_delta(ceqn, cin, [s * x for x in t])
+                    except Exception:  # a rule we cannot evaluate: the finding stays
+                        res = None
+                else:
+                    key = obj.key if obj.op != "where" else obj.skey
+                    t = taps.get(obj.key)
+                    st = taps.get(obj.skey) if obj.skey is not None else None
+                    if t is None or key is None:
+                        undecided.add(c)
+                        continue
+                    try:
+                        res = _depends.one_sided(
+                            obj, [s * x for x in t], None if st is None else [s * x for x in st]
+                        )
+                    except Exception:  # an operand we cannot read: the finding stays
+                        res = None
+                if res is None:
+                    undecided.add(c)
+                    continue
+                for item in res:
+                    out_i, delta = item[0], np.asarray(item[1], np.float64)
+                    jump = len(item) > 2 and bool(item[2])
+                    probes.append(_depends.Probe(c, combo, key, out_i, delta, jump))
+    live = [p for p in probes if p.cand not in undecided and np.any(p.delta != 0)]
+    live_ids = {id(p) for p in live}
+    sides: list[frozenset] = [frozenset()] * len(flat_args)
+    marks: dict[tuple, frozenset] = {}
+    for p in probes:
+        marks[p.key] = marks.get(p.key, frozenset()) | {p.cand}
+    reach: list[frozenset] = []
+
+    def run(table: dict, eps: Any) -> Any:
+        outs, osides = Injector(table, eps, marks).run_closed(closed, flat_args, sides)
+        if not reach:
+            reach.append(frozenset().union(*[x for o, x in zip(outs, osides) if is_float(o)]))
+        return outs
+
+    jac = _depends.images(closed, flat_args, live, run) if live else np.zeros((0, 0))
+    allp = live + [p for p in probes if id(p) not in live_ids]
+    full = np.zeros((jac.shape[0], 2 * len(allp)))
+    full[:, : jac.shape[1]] = jac
+    verdicts = _depends.verdicts(full, allp, len(units), undecided)
+    # a jump times a value that vanishes at the point (sign(x) * x) is a kink its value image
+    # does not show; kinks undone together (ELU's two selects) show in no one-sided derivative
+    jumps = {p.cand for p in allp if p.jump and np.any(p.delta != 0)}
+    silent = [c for c, v in enumerate(verdicts) if not v.depends and v.reason != "same function"]
+    decided = [c for c, v in enumerate(verdicts) if v.depends and v.reason != "undecided"]
+    if decided or jumps & set(silent):
+        steps = _depends.stepped(closed, flat_args, dirs)
+        if decided and _depends.coupled(full, allp, verdicts, steps):
+            for c in decided:
+                verdicts[c] = _depends.Verdict(False, CHAIN)
+        elif _depends.disagrees(steps):
+            if not reach:  # nothing was injected: the paths, from one plain pass
+                run({}, jnp.zeros((0,), jnp.float32))
+            gone = set(silent) - set(reach[0] if reach else ())  # no gradient path to an output
+            back = [c for c in silent if c in jumps and c not in gone] or (
+                [] if decided else [c for c in silent if c not in gone]
+            )
+            for c in back:
+                verdicts[c] = _depends.Verdict(True, "one-sided derivative differs")
+    keep: list[Kink] = []
+    counts: dict[str, int] = {}
+    for (_, _, ks), v in zip(units, verdicts):
+        if v.depends:
+            keep.extend(ks)
+        else:
+            counts[v.reason] = counts.get(v.reason, 0) + 1
+    return keep, counts
 
 
 # -- the transformation ---------------------------------------------------------------------
@@ -521,14 +823,9 @@ def sanitize(
         ]
         if kinks == 0:  # the screen counted nothing: no kink walk needed
             return report
-        closed, flat_args, ev = scan_kinks(fun, args, kwargs)
-        want = {k.key for k in ev.kinks if not k.summarized and k.op in TIES}
-        per_dir: list[dict] = []
-        if want and directions > 0:
-            owner = leaf_owner(args, kwargs)
-            dirs = random_directions(flat_args, owner, nums, directions)
-            per_dir = kink_tangents(closed, flat_args, want, dirs)
-        report.findings.extend(kink_findings(ev, per_dir, tuple(ign)))
+        found, notes = kink_report(fun, args, kwargs, nums, directions, tuple(ign))
+        report.findings.extend(found)
+        report.notes.extend(notes)
         return report
 
     return sanitized

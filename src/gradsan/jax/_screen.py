@@ -100,6 +100,8 @@ class _Screen(Restaging):
         outs = _bind(eqn, invals)
         deps = [d for d, _ in insides]
         dep = any(deps)
+        if eqn.primitive.name == "stop_gradient":  # no gradient flows through it
+            return outs, [(False, None)] * len(outs)
         osides: list[Side] = [(dep, None)] * len(outs)
         if dep and not _compat.is_backward(eqn, scope.backward):
             name = eqn.primitive.name
@@ -116,8 +118,8 @@ class _Screen(Restaging):
 
     def _count(self, eqn: Any, invals: list, deps: list) -> None:
         op = kink_op(eqn, invals, deps)
-        if op is None:
-            return
+        if op is None or not any(d and is_float(v) for d, v in zip(deps, invals)):
+            return  # an integer path carries no gradient
         params = kink_params(eqn.primitive.name, eqn.params)
         operands = [jnp.asarray(v) for v in invals]
         m = kink_mask(op, operands, params, xp=jnp)

@@ -86,6 +86,19 @@ def _lock(k: Kink, tans: list[np.ndarray]):
             return [jnp.where(pos, v, -v)]
 
         return fn, unb
+    if op == "i0e":  # i0e'(0) one-sided: i1e(0) - sigma i0e(0), where JAX takes sign(0) = 0
+        x, tx = ops[0], t[0]
+        at = x == 0
+        sigma = np.where(at & (tx > 0), 1.0, np.where(at & (tx < 0), -1.0, 0.0))
+        unb = at & (tx == 0)
+
+        def fn(invals):
+            v = invals[0]
+            out = _bind(eqn, invals)[0]
+            slope = jnp.asarray(-sigma, out.dtype) * out
+            return [out + (v - jax.lax.stop_gradient(v)) * slope]
+
+        return fn, unb
     if op in ("max", "min", "relu"):
         a, b = np.broadcast_arrays(ops[0], ops[1])
         ta, tb = np.broadcast_arrays(t[0], t[1])

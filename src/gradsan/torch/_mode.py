@@ -254,7 +254,7 @@ class Tracer:
                         if edges:
                             md["gradsan_sz"] = edges
                     self._tag_inner(gf, tag)
-        if self.kinks and op in _rules.KINK_OPS:
+        if self.kinks and _rules.is_kink_call(name, op):
             if tag is None:
                 tag = self._make_tag(func, name, op, args, kwargs)
             self.kink_hits.append((tag, name, _rules.operands_for(name, args, kwargs)))
@@ -373,6 +373,9 @@ class Tracer:
                 strict = torch.broadcast_to(strict, t.shape)
             except (RuntimeError, TypeError):
                 strict = None
+            if not any(is_float(v) and v.requires_grad for v in tensors_in((a, b))):
+                # integer labels, constants: no boundary that a gradient sees (sanitize)
+                strict = torch.ones(t.shape, dtype=torch.bool)
         else:
             strict = torch.ones(t.shape, dtype=torch.bool)
             for a in tensors_in(args):

@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import _catalog
 from .._catalog import _ops
+from ._conventions import LIBRARY_FUNCS
 
 # torch function name (``func.__name__`` as a TorchFunctionMode sees it) -> canonical op.
 FUNC_OPS: dict[str, str] = {
@@ -129,6 +130,16 @@ KINK_OPS: frozenset[str] = frozenset(
     if op in _ops.KINKS or any("torch" in e.inadmissible for e in _catalog.by_op(op))
 ) | {"select_n"}
 
+# Library functions whose gradient at a cone point, tie or singular matrix is a silent
+# convention (read in torch/_conventions.py with the catalog's masks).
+LIBRARY_KINKS: frozenset[str] = frozenset(LIBRARY_FUNCS)
+
+
+def is_kink_call(name: str, op: str | None) -> bool:
+    """Whether sanitize records this torch call: a kink op, or a library convention."""
+    return op in KINK_OPS or name in LIBRARY_KINKS
+
+
 # Comparisons whose boolean output a `where` may select on.
 COMPARISONS = {
     "gt": ">",
@@ -238,10 +249,15 @@ def canonical(name: str) -> str | None:
     return FUNC_OPS.get(name)
 
 
+LIBRARY = "__library__"  # the params key that carries a library call's keyword arguments
+
+
 def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any], dict]:
     """The operands the catalog predicate for ``canonical(name)`` reads, and its params."""
     a = list(args)
     op = FUNC_OPS.get(name)
+    if name in LIBRARY_FUNCS:  # read whole by torch/_conventions.py
+        return a, {LIBRARY: dict(kwargs)}
     if name in ("__rtruediv__", "__rdiv__", "__rpow__") and len(a) >= 2:
         a = [a[1], a[0]]
     if name.startswith("reciprocal"):

@@ -12,7 +12,7 @@ from .._catalog._types import CONVENTION_KINDS
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
-from . import _rules
+from . import _conventions, _rules
 from ._explain import BACKEND, Namer, _scope, explain
 from ._mode import Tag, Tracer
 
@@ -22,7 +22,9 @@ def kink_event(
 ) -> Kink | None:
     """The kink the tracer saw at one operation, as a text-free event (None: not on a kink)."""
     if not any(isinstance(o, torch.Tensor) and o.requires_grad for o in operands):
-        return None
+        return None  # no gradient flows through it
+    if _rules.LIBRARY in params:
+        return _library_event(tag, name, operands, params[_rules.LIBRARY], paths)
     op = tag.op
     assert op is not None
     if op == "select_n":
@@ -65,6 +67,42 @@ def kink_event(
         index=idx,
         scope=_scope(tag, paths),
         inadmissible_convention=BACKEND in _catalog.get(entry_id).inadmissible,
+    )
+
+
+def _library_event(
+    tag: Tag, name: str, args: list, kwargs: dict, paths: dict[int, str]
+) -> Kink | None:
+    """A library call at a silent convention (norm at 0, std of a constant, tied quantile,
+    repeated eigenvalue, singular det, ...), with PyTorch's value there and whether it lies in
+    the entry's admissible set."""
+    try:
+        h = _conventions.hit(name, tuple(args), kwargs, None)
+    except Exception:  # an unreadable operand is not a finding
+        return None
+    if h is None:
+        return None
+    mask = np.asarray(h.mask, bool)
+    if not mask.any():
+        return None
+    idx = tuple(int(i) for i in np.argwhere(mask)[0]) if mask.ndim else ()
+    inadm = BACKEND in _catalog.get(h.entry_id).inadmissible
+    return Kink(
+        backend=BACKEND,
+        entry_id=h.entry_id,
+        op=h.op,
+        primitive=name,
+        where=tag.frame,
+        backend_op=tag.qualname,
+        got=h.got,
+        count=int(mask.sum()),
+        size=int(mask.size),
+        index=idx,
+        library=_conventions.display_name(name),
+        scope=_scope(tag, paths),
+        admissible=h.admissible,
+        inadmissible_convention=inadm,
+        facts=h.facts,
     )
 
 

@@ -447,6 +447,38 @@ DET_AT_SINGULAR = Singularity(
 )
 
 
+I0E_AT_ZERO = Singularity(
+    id="i0e-at-zero",
+    op="i0e",
+    kind="kink",
+    title="bessel_i0e at 0: a corner; the gradient is a convention",
+    singular_set="x == 0",
+    derivative=(
+        "d/dx i0e(x) = i1e(x) - sign(x) i0e(x): +1 left of 0, -1 right of 0; no derivative at 0"
+    ),
+    subdifferential="[-1, 1]",
+    conventions={
+        "jax": "grad(lax.bessel_i0e)(0.) = 0.0; jax.scipy.special.i0 = exp(|x|) i0e(x) then "
+        "gets grad(i0)(0.) = 1.0 from abs's 1.0 (the true derivative of i0 at 0 is 0)",
+        "torch": "torch.special.i0e gives 0.0 at 0; torch.special.i0 gives 0.0 (exact)",
+    },
+    explanation=(
+        "i0e(x) = exp(-|x|) I0(x) keeps abs's corner at 0. jax.scipy.special.i0 multiplies it "
+        "by exp(|x|): the two corners cancel in the function (I0 is smooth) but not in AD, "
+        "whose conventions at 0 (1 for |x|, 0 for i0e) do not match, so grad(i0)(0.) is 1.0 "
+        "where the derivative is 0."
+    ),
+    fixes=(
+        Fix(
+            "Compute I0 with a rule that is smooth at 0 (its derivative is I1):",
+            "y = jnp.i0(x)",
+            "y = torch.special.i0(x)",
+        ),
+    ),
+    admissible=Admissible.interval(-1, 1),
+)
+
+
 # ---- which entry an op hit (sets from _masks) -----------------------------------------
 
 # Sort, top_k, cummax, pooling, eigh/svd and det are numpy only (see _masks).
@@ -460,6 +492,11 @@ def _abs(operands: Any, out: Any, params: Any) -> Hit | None:
 @predicate("relu", entries=[RELU_AT_ZERO])
 def _relu(operands: Any, out: Any, params: Any) -> Hit | None:
     return hit(RELU_AT_ZERO.id, m.at_zero(np, operands, params), operands)
+
+
+@predicate("i0e", entries=[I0E_AT_ZERO])
+def _i0e(operands: Any, out: Any, params: Any) -> Hit | None:
+    return hit(I0E_AT_ZERO.id, m.at_zero(np, operands, params), operands)
 
 
 @predicate("sign", entries=[SIGN_AT_ZERO])
@@ -672,4 +709,5 @@ ENTRIES: tuple[Singularity, ...] = (
     HYPOT_AT_ORIGIN,
     EIGH_REPEATED_EIGENVALUES,
     DET_AT_SINGULAR,
+    I0E_AT_ZERO,
 )

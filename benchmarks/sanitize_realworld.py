@@ -1,0 +1,501 @@
+"""A small real-world set for sanitize (issue 15), both backends: clean controls whose gradient
+is exact (zero findings expected), kinks and silent PyTorch conventions (a finding with that
+catalog id at the marked line expected), NaN cases (a non-finite finding at the marked line).
+
+Each program names where it comes from: a public report (GitHub issue) or the library code it
+runs (flax, optax, equinox as installed). Run it against any gradsan tree to compare:
+
+    PYTHONPATH=/work/main/src python benchmarks/sanitize_realworld.py      # before
+    PYTHONPATH=src python benchmarks/sanitize_realworld.py                 # after
+
+It prints one line per program and the totals: false flags on clean programs, kinks and
+conventions caught at their line, NaN cases located.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+HERE = __file__
+
+
+def line(marker: str) -> int:
+    with open(HERE) as fh:
+        for i, text in enumerate(fh, 1):
+            if text.rstrip().endswith(f"# L:{marker}"):
+                return i
+    raise KeyError(marker)
+
+
+@dataclass
+class Program:
+    name: str
+    backend: str
+    kind: str  # clean, kink, convention, nan
+    source: str
+    run: Callable  # -> Report
+    entry: str | None = None  # expected catalog id (kink / convention / nan)
+    marker: str | None = None
+
+
+PROGRAMS: list[Program] = []
+
+
+def program(name, backend, kind, source, entry=None, marker=None):
+    def deco(fn):
+        PROGRAMS.append(Program(name, backend, kind, source, fn, entry, marker))
+        return fn
+
+    return deco
+
+
+# ---- JAX ------------------------------------------------------------------------------------
+
+
+def _jax():
+    import jax
+    import jax.numpy as jnp
+
+    import gradsan.jax as gsj
+
+    return jax, jnp, gsj
+
+
+@program("softplus at 0", "jax", "clean", "jax-ml/jax#2107")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(jax.nn.softplus(x))))(jnp.zeros(4))
+
+
+@program("log_sigmoid at 0", "jax", "clean", "jax-ml/jax#2140")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(jax.nn.log_sigmoid(x))))(jnp.zeros(3))
+
+
+@program("logaddexp tie", "jax", "clean", "jax-ml/jax#2107 (logaddexp's max and abs)")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x, y: jnp.sum(jnp.logaddexp(x, y))))(
+        jnp.ones(3), jnp.ones(3)
+    )
+
+
+@program("optax log_cosh at 0", "jax", "clean", "optax.losses.log_cosh")
+def _():
+    jax, jnp, gsj = _jax()
+    import optax
+
+    return gsj.sanitize(jax.grad(lambda p: jnp.mean(optax.losses.log_cosh(p, jnp.zeros(3)))))(
+        jnp.zeros(3)
+    )
+
+
+@program("optax huber at delta", "jax", "clean", "optax.losses.huber_loss")
+def _():
+    jax, jnp, gsj = _jax()
+    import optax
+
+    f = lambda p: jnp.mean(optax.losses.huber_loss(p, jnp.zeros(3), delta=1.0))  # noqa: E731
+    return gsj.sanitize(jax.grad(f))(jnp.array([1.0, -1.0, 0.25]))
+
+
+@program("ELU alpha=1 at 0", "jax", "clean", "jax.nn.elu")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(jax.nn.elu(x, alpha=1.0))))(jnp.zeros(3))
+
+
+@program("sparse_plus at -1, 1", "jax", "clean", "jax.nn.sparse_plus")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(jax.nn.sparse_plus(x))))(
+        jnp.array([-1.0, 1.0, 0.0])
+    )
+
+
+@program("projection_simplex tie", "jax", "clean", "optax.projections.projection_simplex")
+def _():
+    jax, jnp, gsj = _jax()
+    import optax
+
+    f = lambda x: jnp.sum(optax.projections.projection_simplex(x) ** 2 * jnp.arange(3.0))  # noqa: E731
+    return gsj.sanitize(jax.grad(f))(jnp.array([0.5, 0.5, 0.5]))
+
+
+@program("flax LayerNorm zero row", "jax", "clean", "flax.linen.LayerNorm")
+def _():
+    jax, jnp, gsj = _jax()
+    import flax.linen as nn
+
+    ln = nn.LayerNorm()
+    p = ln.init(jax.random.PRNGKey(0), jnp.zeros((2, 4)))
+    x = jnp.zeros((2, 4)).at[0].set(jnp.arange(4.0))
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(ln.apply(p, x) ** 2)))(x)
+
+
+@program("flax attention, masked row", "jax", "clean", "flax.linen.MultiHeadDotProductAttention")
+def _():
+    jax, jnp, gsj = _jax()
+    import flax.linen as nn
+
+    att = nn.MultiHeadDotProductAttention(num_heads=1, qkv_features=4)
+    x = jax.random.normal(jax.random.PRNGKey(1), (1, 3, 4))
+    mask = jnp.array([[[[True, True, False], [True, True, False], [False, False, False]]]])
+    p = att.init(jax.random.PRNGKey(0), x, x, mask=mask)
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(att.apply(p, x, x, mask=mask)[:, :2])))(x)
+
+
+@program("softmax where= and entropy", "jax", "clean", "jax-ml/jax#17070")
+def _():
+    jax, jnp, gsj = _jax()
+
+    def f(logits):
+        where = jnp.array([True, True, False])
+        a = jax.nn.softmax(logits, where=where)
+        return jnp.sum(a * logits, where=where)
+
+    return gsj.sanitize(jax.grad(f))(jnp.array([1.0, 1.0, 0.0]))
+
+
+@program("lax.switch traced index", "jax", "clean", "jax.lax.switch (index clamp)")
+def _():
+    jax, jnp, gsj = _jax()
+    f = lambda i, x: jax.lax.switch(i, [lambda v: 2 * v, lambda v: v**2], x)  # noqa: E731
+    return gsj.sanitize(jax.grad(f, argnums=1))(1, 3.0)
+
+
+@program("equinox LayerNorm zero input", "jax", "clean", "equinox.nn.LayerNorm")
+def _():
+    jax, jnp, gsj = _jax()
+    import equinox as eqx
+
+    ln = eqx.nn.LayerNorm(4)
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(ln(x) ** 2)))(jnp.zeros(4))
+
+
+@program("straight-through floor", "jax", "clean", "quantization STE (stop_gradient)")
+def _():
+    jax, jnp, gsj = _jax()
+    f = lambda x: jnp.sum((x + jax.lax.stop_gradient(jnp.floor(x) - x)) ** 2)  # noqa: E731
+    return gsj.sanitize(jax.grad(f))(jnp.array([1.0, 2.0]))
+
+
+def _l1(p, y):
+    import jax.numpy as jnp
+
+    return jnp.mean(jnp.abs(p - y))  # L:jax-l1
+
+
+@program("L1 loss at a perfect fit", "jax", "kink", "abs at 0", "abs-at-zero", "jax-l1")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_l1))(jnp.ones(3), jnp.ones(3))
+
+
+def _mlp(w, x):
+    import jax
+    import jax.numpy as jnp
+
+    h = jax.nn.relu(x @ w)  # L:jax-relu
+    return jnp.sum(h)
+
+
+@program("MLP relu at 0", "jax", "kink", "relu at 0 (zero input)", "relu-at-zero", "jax-relu")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_mlp))(jnp.ones((2, 3)), jnp.array([[1.0, -1.0]]))
+
+
+def _leaky(x):
+    import jax.numpy as jnp
+
+    return jnp.sum(jnp.where(x > 0, x, 0.1 * x))  # L:jax-leaky
+
+
+@program("leaky relu by where", "jax", "kink", "where kink", "where-at-boundary", "jax-leaky")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_leaky))(jnp.zeros(2))
+
+
+def _pool(x):
+    import jax.numpy as jnp
+
+    return jnp.max(x * jnp.array([1.0, 2.0]))  # L:jax-max
+
+
+@program("max over tied features", "jax", "kink", "max tie", "max-tie", "jax-max")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_pool))(jnp.array([2.0, 1.0]))
+
+
+def _i0(t):
+    import jax
+
+    return jax.scipy.special.i0(2 * t - 1)  # L:jax-i0
+
+
+@program("i0 at 0", "jax", "kink", "jax-ml/jax#40628", "abs-at-zero", "jax-i0")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_i0))(0.5)
+
+
+def _quant(x):
+    import jax.numpy as jnp
+
+    return jnp.sum(jnp.round(x) * x)  # L:jax-round
+
+
+@program("round in the loss", "jax", "kink", "round at a jump", "floor-round-at-jump", "jax-round")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_quant))(jnp.array([0.5, 1.0]))
+
+
+def _sortw(x):
+    import jax.numpy as jnp
+
+    return jnp.sum(jnp.sort(x) * jnp.arange(3.0))  # L:jax-sort
+
+
+@program("sort tie, weighted", "jax", "kink", "sort tie", "sort-tie", "jax-sort")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_sortw))(jnp.array([1.0, 1.0, 2.0]))
+
+
+def _norm(x):
+    import jax.numpy as jnp
+
+    return jnp.linalg.norm(x)  # L:jax-norm
+
+
+@program("norm at 0", "jax", "nan", "jax-ml/jax#3058-like: norm of a zero update", None, "jax-norm")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_norm))(jnp.zeros(3))
+
+
+# ---- PyTorch --------------------------------------------------------------------------------
+
+
+def _t():
+    import torch
+
+    import gradsan.torch as gst
+
+    return torch, gst
+
+
+def _tsan(fn):
+    _, gst = _t()
+    with gst.sanitize() as report:
+        fn().backward()
+    return report
+
+
+def _R(v):
+    torch, _ = _t()
+    return torch.tensor(v, requires_grad=True)
+
+
+@program("softplus at 0", "torch", "clean", "F.softplus")
+def _():
+    import torch.nn.functional as F
+
+    return _tsan(lambda: F.softplus(_R([0.0, 1.0])).sum())
+
+
+@program("logaddexp tie", "torch", "clean", "torch.logaddexp")
+def _():
+    torch, _ = _t()
+    return _tsan(lambda: torch.logaddexp(_R([1.0]), _R([1.0])).sum())
+
+
+@program("LayerNorm zero row", "torch", "clean", "torch.nn.LayerNorm")
+def _():
+    torch, _ = _t()
+    ln = torch.nn.LayerNorm(3)
+    return _tsan(lambda: ln(_R([[0.0, 0.0, 0.0]])).pow(2).sum())
+
+
+@program("Huber at delta", "torch", "clean", "F.huber_loss")
+def _():
+    torch, _ = _t()
+    import torch.nn.functional as F
+
+    return _tsan(lambda: F.huber_loss(_R([1.0, -1.0]), torch.zeros(2), delta=1.0))
+
+
+@program("ELU alpha=1 at 0", "torch", "clean", "F.elu")
+def _():
+    import torch.nn.functional as F
+
+    return _tsan(lambda: F.elu(_R([0.0]), alpha=1.0).sum())
+
+
+@program("masked attention (SDPA)", "torch", "clean", "pytorch/pytorch#41508 (SDPA path)")
+def _():
+    torch, _ = _t()
+    import torch.nn.functional as F
+
+    def f():
+        q = _R([[[1.0, 0.0], [0.0, 1.0]]])
+        m = torch.tensor([[[True, True], [True, False]]])
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=m).sum()
+
+    return _tsan(f)
+
+
+@program("accuracy on integer labels", "torch", "clean", "torch.where(labels == k, ...)")
+def _():
+    torch, _ = _t()
+    import torch.nn.functional as F
+
+    def f():
+        logits = _R([[1.0, 2.0], [0.5, 0.1]])
+        labels = torch.tensor([1, 1])
+        picked = torch.where(labels[:, None] == 1, logits, torch.zeros(2, 2))
+        return F.cross_entropy(logits, labels) + 0.0 * picked.sum()
+
+    return _tsan(f)
+
+
+@program("frozen relu (no grad)", "torch", "clean", "requires_grad=False input")
+def _():
+    torch, _ = _t()
+    w = torch.zeros(3)
+    return _tsan(lambda: (torch.relu(w) * _R([1.0, 2.0, 3.0])).sum())
+
+
+def _tconv():
+    torch, _ = _t()
+    import torch.nn.functional as F
+
+    R = _R
+    out = {}
+    out["abs"] = lambda: torch.abs(R([0.0, 1.0])).sum()  # L:t-abs
+    out["relu"] = lambda: torch.relu(R([0.0, 1.0])).sum()  # L:t-relu
+    out["maximum"] = lambda: torch.maximum(R([1.0]), R([1.0])).sum()  # L:t-maximum
+    out["clamp"] = lambda: torch.clamp(R([0.0, 0.5]), 0, 1).sum()  # L:t-clamp
+    w3 = torch.arange(3.0)
+    out["sort"] = lambda: (torch.sort(R([1.0, 1.0, 2.0])).values * w3).sum()  # L:t-sort
+    out["topk"] = lambda: torch.topk(R([2.0, 2.0, 1.0]), 1).values.sum()  # L:t-topk
+    out["floor"] = lambda: (lambda x: (torch.floor(x) * x).sum())(R([2.0]))  # L:t-floor
+    out["where"] = lambda: (lambda x: torch.where(x > 0, x, 2 * x).sum())(R([0.0]))  # L:t-where
+    out["atan2"] = lambda: (lambda p: torch.atan2(p[0], p[1]))(R([0.0, 0.0]))  # L:t-atan2
+    out["linalg.norm"] = lambda: torch.linalg.norm(R([0.0, 0.0]))  # L:t-linalg.norm
+    out["std"] = lambda: torch.std(R([1.0, 1.0]))  # L:t-std
+    out["pdist"] = lambda: torch.pdist(R([[1.0, 2.0], [1.0, 2.0]])).sum()  # L:t-pdist
+    out["cdist"] = lambda: torch.cdist(R([[1.0, 2.0]]), R([[1.0, 2.0]])).sum()  # L:t-cdist
+    inf = float("inf")
+    out["inf-norm"] = lambda: torch.linalg.vector_norm(R([1.0, -1.0, 0.5]), ord=inf)  # L:t-inf-norm
+    out["quantile"] = lambda: torch.quantile(R([1.0, 1.0, 3.0, 4.0]), 0.4)  # L:t-quantile
+    eye = torch.eye(3)
+    out["eigvalsh"] = lambda: torch.linalg.eigvalsh(R(1.0) * eye)[-1]  # L:t-eigvalsh
+    nz = [0.0, 1.0, 2.0]
+    out["normalize"] = lambda: (F.normalize(R(nz), p=1, dim=0) * w3).sum()  # L:t-normalize
+    out["det"] = lambda: torch.linalg.det(R([[1.0, 2.0], [2.0, 4.0]]))  # L:t-det
+    return out
+
+
+_TCONV = {
+    "abs": "abs-at-zero",
+    "relu": "relu-at-zero",
+    "maximum": "max-tie",
+    "clamp": "clip-at-bound",
+    "sort": "sort-tie",
+    "topk": "sort-tie",
+    "floor": "floor-round-at-jump",
+    "where": "where-at-boundary",
+    "atan2": "atan2-at-origin",
+    "linalg.norm": "norm-at-zero",
+    "std": "std-of-constant",
+    "pdist": "norm-at-zero",
+    "cdist": "norm-at-zero",
+    "inf-norm": "max-tie",
+    "quantile": "sort-tie",
+    "eigvalsh": "eigh-repeated-eigenvalues",
+    "normalize": "abs-at-zero",
+    "det": "det-at-singular",
+}
+for _name, _entry in _TCONV.items():
+    PROGRAMS.append(
+        Program(
+            _name,
+            "torch",
+            "convention",
+            "torch silent convention",
+            (lambda n=_name: _tsan(_tconv()[n])),
+            _entry,
+            f"t-{_name}",
+        )
+    )
+
+
+@program("sqrt at 0", "torch", "nan", "torch.sqrt of a zero distance", None, "t-sqrt")
+def _():
+    torch, _ = _t()
+    c = torch.tensor([1.0, 2.0])
+    return _tsan(lambda: torch.sqrt((_R([1.0, 2.0]) - c) ** 2).sum())  # L:t-sqrt
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+def judge(p: Program, report) -> tuple[bool, str]:
+    kinks = [f for f in report.findings if f.kind in ("kink", "convention")]
+    if p.kind == "clean":
+        ok = not kinks
+        return ok, "clean" if ok else "FALSE FLAG " + ",".join(f.catalog_id for f in kinks)
+    want = line(p.marker) if p.marker else None
+    if p.kind == "nan":
+        hits = [f for f in report.findings if f.kind == "nonfinite"]
+        ok = any(f.where is not None and f.where.line == want for f in hits)
+        return ok, "located" if ok else f"NOT located {[(f.catalog_id, f.where) for f in hits]}"
+    ok = any(
+        f.catalog_id == p.entry and f.where is not None and f.where.line == want for f in kinks
+    )
+    got = [(f.catalog_id, f.where.line if f.where else None) for f in kinks]
+    return ok, "caught" if ok else f"MISSED (got {got})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="a regular expression on the program names")
+    ns = ap.parse_args(argv)
+    tally: dict[tuple[str, str], list[int]] = {}
+    for p in PROGRAMS:
+        if ns.only and not re.search(ns.only, p.name):
+            continue
+        try:
+            ok, what = judge(p, p.run())
+        except Exception as e:  # noqa: BLE001 - a crash is a result here
+            ok, what = False, f"ERROR {type(e).__name__}: {e}"
+            traceback.print_exc(limit=1, file=sys.stderr)
+        t = tally.setdefault((p.backend, p.kind), [0, 0])
+        t[0] += int(ok)
+        t[1] += 1
+        print(f"{p.backend:5s} {p.kind:10s} {p.name:32s} {what}   [{p.source}]")
+    print()
+    for (be, kind), (good, n) in sorted(tally.items()):
+        label = {
+            "clean": "clean programs without a false flag",
+            "kink": "kinks flagged at their line",
+            "convention": "silent conventions flagged at their line",
+            "nan": "NaN cases located",
+        }[kind]
+        print(f"{be:5s} {label}: {good} of {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
