@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # private: no public
 __all__ = [
     "TorchDispatchMode",
     "TorchFunctionMode",
+    "compiling",
     "current_autograd_node",
     "disable_torch_function",
     "dynamo_loaded",
@@ -39,6 +40,12 @@ disable_torch_function = torch._C.DisableTorchFunction
 def dynamo_loaded() -> bool:
     """Whether ``torch._dynamo`` was imported (nothing can have been compiled otherwise)."""
     return "torch._dynamo" in sys.modules
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing now (AOTAutograd builds its joint graph through
+    ``torch.autograd.grad`` on fake tensors: nothing to check there)."""
+    return dynamo_loaded() and bool(torch.compiler.is_compiling())
 
 
 @contextlib.contextmanager

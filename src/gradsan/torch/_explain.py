@@ -3,9 +3,11 @@ non-finite value was born, in the user's own lines."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +21,7 @@ from .._events import Note, Origin, Poison
 from .._report import OutputHit, Report, _messages
 from .._report._build import build
 from . import _rules
+from ._compat import dynamo_loaded, force_eager
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
 from ._source import user_frame_object
 
@@ -394,6 +397,51 @@ def _consumer_of(tracer: Tracer, start: Event | External, root: Event | External
 # ---- public API -----------------------------------------------------------------------------------
 
 
+class _EagerTracer(Tracer):
+    """The tracer, with ``torch.compile``'d code run as its eager twin while it traces: dynamo
+    cannot trace through the tracer's modes and hooks, and a compiled graph hides the user's
+    lines. Whoever ends the trace (``__exit__``) ends the eager stance too."""
+
+    _stance: contextlib.ExitStack | None = None
+
+    def ensure_eager(self) -> None:
+        """Enter the eager stance once torch._dynamo is imported (a session opened before the
+        script called torch.compile enters it at the first module call, or from gradsan run's
+        torch.compile patch)."""
+        if self._stance is not None or not dynamo_loaded():
+            return
+        stack = contextlib.ExitStack()
+        stack.enter_context(force_eager())
+        # the eager twin of a compiled module runs the tracer's global module hooks
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
+        self._stance = stack
+
+    def __enter__(self) -> Tracer:
+        self.ensure_eager()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._close_stance()
+            raise
+
+    def _pre_module(self, module: Any, args: Any) -> None:
+        if self._stance is None:
+            self.ensure_eager()
+        super()._pre_module(module, args)
+
+    def _close_stance(self) -> None:
+        stack, self._stance = self._stance, None
+        if stack is not None:
+            stack.close()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._close_stance()
+
+
 class _Session:
     """A context manager that traces a block and fills a Report at exit."""
 
@@ -409,15 +457,20 @@ class _Session:
         self.extra_leaves: list[torch.Tensor] = []
 
     def __enter__(self) -> Report:
-        self.tracer = Tracer(kinks=self.kinks)
+        self.tracer = _EagerTracer(kinks=self.kinks)
         self.tracer.__enter__()
         return self.report
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def close(self, exc_type: Any = None, exc: Any = None, tb: Any = None) -> Tracer:
+        """Stop tracing; returns the tracer."""
         tracer = self.tracer
         assert tracer is not None
-        tracer.__exit__(exc_type, exc, tb)
         self.tracer = None
+        tracer.__exit__(exc_type, exc, tb)
+        return tracer
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        tracer = self.close(exc_type, exc, tb)
         if exc_type is not None:
             return
         f = user_frame_object(2)
@@ -472,8 +525,7 @@ def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -
         report.outputs = out
         ok = True
     finally:
-        tracer.__exit__(None, None, None)
-        session.tracer = None
+        session.close()
     if ok:
         session.finish(tracer)
     return report
