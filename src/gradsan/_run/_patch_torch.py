@@ -71,7 +71,7 @@ def _leaves_of(roots: list) -> list:
 def patch_torch(hooks: Hooks, torch: Any) -> None:
     """Check the gradients after every ``Tensor.backward`` and ``torch.autograd.grad`` (undone
     by hooks.uninstall)."""
-    from ..torch._compat import compiling
+    from ..torch._compat import compiling, in_functorch
     from ..torch._guard import finite
 
     orig_backward = torch.Tensor.backward
@@ -155,7 +155,7 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
     @functools.wraps(orig_grad)
     def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if not hooks.enabled or hooks.in_backward or compiling():
+        if not hooks.enabled or hooks.in_backward or compiling() or in_functorch():
             return orig_grad(outputs, inputs, *args, **kwargs)
         hooks.in_backward = True
         try:

@@ -25,6 +25,9 @@ __all__ = [
     "dynamo_loaded",
     "force_eager",
     "foreach_norm",
+    "functorch_entry_points",
+    "in_functorch",
+    "without_function_mode",
 ]
 
 # The autograd Node whose backward is running now (None in the forward pass).
@@ -48,6 +51,12 @@ def compiling() -> bool:
     return dynamo_loaded() and bool(torch.compiler.is_compiling())
 
 
+def in_functorch() -> bool:
+    """Whether a torch.func transform (grad, vmap, ...) is running now: its tensors are
+    wrapped (a batched tensor has no values to read)."""
+    return torch._C._functorch.maybe_current_level() is not None
+
+
 @contextlib.contextmanager
 def force_eager() -> Iterator[None]:
     """Run ``torch.compile``'d code eagerly, so every operation is seen."""
@@ -60,4 +69,29 @@ def force_eager() -> Iterator[None]:
             yield
         return
     with set_stance("force_eager"):
+        yield
+
+
+def functorch_entry_points() -> dict[str, tuple[Any, str]]:
+    """The functions torch.func's transforms look up when they are called, as (module,
+    attribute): ``grad``/``grad_and_value`` reach ``grad_and_value_impl``, ``vjp`` and
+    ``jacrev`` reach ``_vjp_with_argnums``, ``vmap`` (also inside jacrev) reaches
+    ``vmap_impl`` through ``torch._functorch.apis``."""
+    from torch._functorch import apis, eager_transforms
+
+    return {
+        "grad": (eager_transforms, "grad_and_value_impl"),
+        "vjp": (eager_transforms, "_vjp_with_argnums"),
+        "vmap": (apis, "vmap_impl"),
+    }
+
+
+@contextlib.contextmanager
+def without_function_mode(mode: Any) -> Iterator[None]:
+    """Run a block with ``mode`` (a TorchFunctionMode on the stack) switched off."""
+    if torch.overrides._get_current_function_mode() is mode:
+        with torch.overrides._pop_mode_temporarily():
+            yield
+        return
+    with torch._C.DisableTorchFunction():
         yield

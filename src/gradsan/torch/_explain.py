@@ -22,6 +22,7 @@ from .._report import OutputHit, Report, _messages
 from .._report._build import build
 from . import _rules
 from ._compat import dynamo_loaded, force_eager
+from ._func import Transforms
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
 from ._source import user_frame_object
 
@@ -419,9 +420,12 @@ class _EagerTracer(Tracer):
 
     def __enter__(self) -> Tracer:
         self.ensure_eager()
+        self.transforms = Transforms(self)
         try:
+            self.transforms.__enter__()
             return super().__enter__()
         except BaseException:
+            self.transforms.__exit__(None, None, None)
             self._close_stance()
             raise
 
@@ -429,6 +433,12 @@ class _EagerTracer(Tracer):
         if self._stance is None:
             self.ensure_eager()
         super()._pre_module(module, args)
+
+    def run_backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = super().run_backward(func, args, kwargs)
+        if getattr(func, "__name__", "") == "grad":  # torch.autograd.grad: what it returned
+            self.transforms.autograd_grad(args[1] if len(args) > 1 else kwargs.get("inputs"), out)
+        return out
 
     def _close_stance(self) -> None:
         stack, self._stance = self._stance, None
@@ -439,6 +449,7 @@ class _EagerTracer(Tracer):
         try:
             super().__exit__(*exc)
         finally:
+            self.transforms.__exit__(None, None, None)
             self._close_stance()
 
 
@@ -455,6 +466,7 @@ class _Session:
         self.tracer: Tracer | None = None
         self.namer = Namer()
         self.extra_leaves: list[torch.Tensor] = []
+        self.left: dict[str, Any] | None = None  # a with-block's variables at its end
 
     def __enter__(self) -> Report:
         self.tracer = _EagerTracer(kinks=self.kinks)
@@ -475,10 +487,12 @@ class _Session:
             return
         f = user_frame_object(2)
         if f is not None:
-            self.namer.add_locals(dict(f.f_locals))
+            self.left = dict(f.f_locals)
+            self.namer.add_locals(self.left)
         self.finish(tracer)
 
     def finish(self, tracer: Tracer) -> None:
+        notes = self.returned(tracer)
         build_report(
             tracer,
             self.report,
@@ -487,6 +501,73 @@ class _Session:
             extra_leaves=self.extra_leaves,
             unresolved=self.unresolved,
         )
+        self.report.notes.extend(notes)
+
+    def returned(self, tracer: Tracer) -> list[str]:
+        """Make what the traced code returned outputs of the report: the gradients torch.func
+        and torch.autograd.grad returned (blamed like ``.grad``, named after their argument),
+        vmap's replayed batch elements, and, when no backward ran, the non-finite values the
+        block left in its variables (or fn returned). Returns the notes to add."""
+        transforms: Transforms | None = getattr(tracer, "transforms", None)
+        notes: list[str] = list(transforms.notes) if transforms is not None else []
+        names = self.namer.names
+        grads: set[int] = set()
+        if transforms is not None:
+            for i, (arg, g, api) in enumerate(transforms.grads):
+                grads.add(id(g))
+                if not g.is_floating_point() or all_finite(g):
+                    continue
+                proxy = g.new_zeros(()).expand(g.shape)  # a leaf whose .grad is g
+                proxy.grad = g
+                names[id(proxy)] = self._arg_name(arg, transforms) or f"argument {i} of {api}"
+                self.extra_leaves.append(proxy)
+            for user_t, twin, b in transforms.values:
+                if id(twin) in grads:
+                    continue
+                base = names.get(id(user_t), "the vmap output")
+                names[id(twin)] = f"{base}[{b}]"
+                tracer.losses.append(twin)
+        if tracer.backward_calls or grads:
+            return notes
+        left = [t for t in tensors_in(self.report.outputs)] if self.left is None else []
+        if self.left is not None:
+            for v in self.left.values():
+                left += [t for t in tensors_in(v)]
+        seen: set[int] = set()
+        found = False
+        before = 0  # non-finite, but no operation of the block made them
+        for t in left:
+            if id(t) in seen or not t.is_floating_point():
+                continue
+            seen.add(id(t))
+            if all_finite(t):
+                continue
+            if tracer.producer_of(t) is None:
+                before += 1
+                continue
+            tracer.losses.append(t)
+            found = True
+        if not found and not tracer.losses:
+            n = len(seen) - before
+            what = f"{n} tensor{'s' if n != 1 else ''}"
+            where = "it returned" if self.left is None else "left in its variables"
+            came = f"; {before} were NaN/Inf before it began" if before else ""
+            notes.append(
+                f"no backward ran: gradsan checked the {what} {where} (finite{came}) "
+                "and no gradient"
+            )
+        return notes
+
+    def _arg_name(self, arg: Any, transforms: Transforms) -> str | None:
+        names = self.namer.names
+        if arg is None:
+            return None
+        if id(arg) in names:
+            return names[id(arg)]
+        src = transforms.sliced.get(id(arg))
+        if src is not None and id(src[0]) in names:
+            return f"{names[id(src[0])]}[{src[1]}]"
+        return None
 
 
 def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -> Report:
