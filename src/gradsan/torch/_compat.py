@@ -27,6 +27,7 @@ __all__ = [
     "foreach_norm",
     "functorch_entry_points",
     "in_functorch",
+    "recompute_in_backward",
     "without_function_mode",
 ]
 
@@ -95,3 +96,32 @@ def without_function_mode(mode: Any) -> Iterator[None]:
         return
     with torch._C.DisableTorchFunction():
         yield
+
+
+@contextlib.contextmanager
+def recompute_in_backward(mode: Any, around: Any) -> Iterator[None]:
+    """While the block runs, the forward that reentrant ``torch.utils.checkpoint`` recomputes
+    inside the backward runs under the TorchFunctionMode ``mode`` (a backward called from a
+    mode's handler runs with the mode off, so the recomputed operations would not be seen).
+    ``around()``: a context manager entered around each such backward."""
+    from torch.utils import checkpoint
+
+    cls = checkpoint.CheckpointFunction
+    orig = cls.__dict__["backward"]
+    backward = orig.__func__ if isinstance(orig, staticmethod) else orig
+
+    def with_mode(ctx: Any, *args: Any) -> Any:
+        with around():
+            if torch.overrides._get_current_function_mode() is mode:
+                return backward(ctx, *args)
+            torch._C._push_on_torch_function_stack(mode)
+            try:
+                return backward(ctx, *args)
+            finally:
+                torch._C._pop_torch_function_stack()
+
+    cls.backward = staticmethod(with_mode)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.backward = orig  # type: ignore[method-assign]

@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import inspect
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from .._events import Note, Origin, Poison
 from .._report import OutputHit, Report, _messages
 from .._report._build import build
 from . import _rules
-from ._compat import dynamo_loaded, force_eager
+from ._compat import dynamo_loaded, force_eager, recompute_in_backward
 from ._func import Transforms
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
 from ._source import user_frame_object
@@ -421,13 +421,28 @@ class _EagerTracer(Tracer):
     def __enter__(self) -> Tracer:
         self.ensure_eager()
         self.transforms = Transforms(self)
+        self._recompute = recompute_in_backward(self._fmode, self._recomputing)
         try:
             self.transforms.__enter__()
+            self._recompute.__enter__()
             return super().__enter__()
         except BaseException:
+            self._recompute.__exit__(None, None, None)
             self.transforms.__exit__(None, None, None)
             self._close_stance()
             raise
+
+    @contextlib.contextmanager
+    def _recomputing(self) -> Iterator[None]:
+        """Checkpoint's recomputation: the detached copies of its inputs it makes are not the
+        user's tensors (their gradients flow on to the real inputs)."""
+        before = set(self.leaves)
+        try:
+            yield
+        finally:
+            for k in [k for k in self.leaves if k not in before]:
+                if not isinstance(self.leaves[k], torch.nn.Parameter):
+                    del self.leaves[k]
 
     def _pre_module(self, module: Any, args: Any) -> None:
         if self._stance is None:
@@ -449,6 +464,7 @@ class _EagerTracer(Tracer):
         try:
             super().__exit__(*exc)
         finally:
+            self._recompute.__exit__(None, None, None)
             self.transforms.__exit__(None, None, None)
             self._close_stance()
 
