@@ -202,3 +202,76 @@ def test_replay_asks_for_more_than_the_step_took():
     assert len(runs) == 2 and len(pulled) == 1  # nothing more came from the user's iterator
     assert "could not be replayed without side effects" in str(ei.value)
     assert "`it`" in str(ei.value)
+
+
+A0 = torch.tensor([[1.0, 0.0], [0.0, 3.0]])
+
+
+def prog_seed():
+    theta = torch.tensor(4.0, requires_grad=True)
+    torch.sqrt(torch.sum((torch.sqrt(A0**theta) - A0) ** 2)).backward()
+    return [theta]
+
+
+def prog_branches():
+    x = torch.tensor([0.0, 1.0, -1.0], requires_grad=True)
+    (torch.log(x) * 0.0 + torch.where(x > 0, torch.sqrt(x), 0.0)).sum().backward()
+    return [x]
+
+
+def prog_shared():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    h = m(torch.randn(5, 4))
+    d = torch.sqrt(((h - h.detach()) ** 2).sum(-1))
+    (m(h.detach().repeat(1, 4)[:, :4]).mean() + d.mean() + h.mean()).backward()
+    return list(m.parameters())
+
+
+def prog_masked_softmax():
+    q = torch.randn(2, 3, 4, requires_grad=True)
+    mask = torch.ones(2, 3, 3, dtype=torch.bool)
+    mask[0, 1] = False
+    s = (q @ q.transpose(-1, -2)).masked_fill(~mask, float("-inf"))
+    torch.softmax(s, -1).sum().backward()
+    return [q]
+
+
+def _summary(report):
+    return [
+        (
+            f.kind,
+            f.catalog_id,
+            f.primitive,
+            f.backend_op,
+            f.where and f.where.line,
+            f.form,
+            f.met_op,
+            f.zero_from and (f.zero_from.line, f.zero_from.column),
+            f.values,
+            f.count,
+            f.index,
+            sorted(o.path for o in f.outputs),
+        )
+        for f in report.findings
+    ]
+
+
+@pytest.mark.parametrize("prog", [prog_seed, prog_branches, prog_shared, prog_masked_softmax])
+def test_node_level_backward_reports_what_the_full_trace_reports(prog):
+    # guard's replay hooks the autograd Nodes and runs the dispatch mode only on the Nodes
+    # where a NaN/Inf is born; its report must be the fully traced one
+    from gradsan.torch._explain import _Session
+
+    reports = []
+    for node_level in (False, True):
+        session = _Session(None)
+        report = session.__enter__()
+        session.tracer.node_level = node_level
+        torch.manual_seed(0)
+        leaves = prog()
+        session.extra_leaves = leaves
+        session.finish(session.close())
+        assert not report.ok
+        reports.append(_summary(report))
+    assert reports[0] == reports[1]

@@ -21,9 +21,10 @@ from .._events import Note, Origin, Poison
 from .._report import OutputHit, Report, _messages
 from .._report._build import build
 from . import _rules
-from ._compat import dynamo_loaded, force_eager, recompute_in_backward
+from ._compat import dynamo_loaded, force_eager, in_functorch, recompute_in_backward
 from ._func import Transforms
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
+from ._nodes import NodeHooks
 from ._source import user_frame_object
 
 BACKEND = "torch"
@@ -449,8 +450,20 @@ class _EagerTracer(Tracer):
             self.ensure_eager()
         super()._pre_module(module, args)
 
+    node_level = False  # guard's replay: Node hooks, the dispatch mode only where NaN is born
+
     def run_backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        out = super().run_backward(func, args, kwargs)
+        if self.node_level and not self._dmode_on and not in_functorch():
+            # (a transform's wrapped tensors have no storage to key: those get the full trace)
+            roots = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+            self.on_backward_call(roots)
+            hooks = NodeHooks(self, list(tensors_in(roots)))
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                hooks.remove()
+        else:
+            out = super().run_backward(func, args, kwargs)
         if getattr(func, "__name__", "") == "grad":  # torch.autograd.grad: what it returned
             self.transforms.autograd_grad(args[1] if len(args) > 1 else kwargs.get("inputs"), out)
         return out

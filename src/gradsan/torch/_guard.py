@@ -253,12 +253,11 @@ class guard:
         """Explain the failing step: run its forward and backward again under the tracer,
         with the step's inputs, batches, parameters and RNG state, and no side effect."""
         watched = self._watched(args, kwargs)
-        recorded = self._recorded(watched)
         if check.stepped and not check.before:
             names = ", ".join(type(o).__name__ for o in check.stepped)
             raise NonFiniteError(
                 self._from_record(
-                    recorded,
+                    self._recorded(watched),
                     f"the step was not replayed: an optimizer ({names}) had already updated "
                     "the parameters in this step, before the NaN/Inf, and gradsan kept no copy "
                     "to undo it on the first call (it does from the next call on); the "
@@ -285,6 +284,7 @@ class guard:
         report = session.__enter__()
         tracer = session.tracer
         assert tracer is not None
+        tracer.node_level = True  # type: ignore[attr-defined]  # see _nodes.py
         out = None
         problem: str | None = None
         args, kwargs = _replay.replay_args(args, kwargs)
@@ -324,13 +324,14 @@ class guard:
         if problem is not None:
             raise NonFiniteError(
                 self._from_record(
-                    recorded, f"the step could not be replayed without side effects: {problem}"
+                    self._recorded(watched, grads_left),
+                    f"the step could not be replayed without side effects: {problem}",
                 )
             )
         session.finish(tracer)
         report.outputs = out
         if report.ok:
-            report.findings.append(self._finding(recorded))
+            report.findings.append(self._finding(self._recorded(watched, grads_left)))
             report.notes.append(
                 "the eager replay of the step did not reproduce the non-finite value "
                 "(nondeterminism, or state the step changes between calls?)"
@@ -342,14 +343,16 @@ class guard:
         opts += [o for o in (*check.stepped, check.failed) if o is not None and o not in opts]
         return opts
 
-    def _recorded(self, watched: list[torch.Tensor]) -> list:
-        """The non-finite gradients the step left (named), before anything is replayed."""
+    def _recorded(self, watched: list[torch.Tensor], grads: list | None = None) -> list:
+        """The non-finite gradients the step left (named): ``grads`` (param, grad) pairs kept
+        before the replay, else the ``.grad`` of ``watched``."""
         namer = Namer()
         namer.add_modules(self.modules)
+        pairs = grads if grads is not None else [(p, p.grad) for p in watched]
         return [
-            output_hit(namer.name(p), p.grad)
-            for p in watched
-            if p.grad is not None and p.grad.is_floating_point() and not all_finite(p.grad)
+            output_hit(namer.name(p), g)
+            for p, g in pairs
+            if g is not None and g.is_floating_point() and not all_finite(g)
         ]
 
     @staticmethod

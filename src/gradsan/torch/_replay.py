@@ -199,19 +199,28 @@ class ModuleState:
     def __init__(self, modules: list[torch.nn.Module], params: list[torch.Tensor]) -> None:
         seen: dict[int, torch.Tensor] = {}
         for m in modules:
-            for t in (*m.parameters(), *m.buffers()):
+            for t in m.parameters():
                 seen.setdefault(id(t), t)
         for p in params:
             seen.setdefault(id(p), p)
         self.tensors = list(seen.values())
+        # buffers are put back whatever their version says (batch_norm's kernel updates the
+        # running statistics without counting a version)
+        self.buffers = list({id(b): b for m in modules for b in m.buffers()}.values())
+        with torch.no_grad():
+            self.buffers_saved = [b.detach().clone() for b in self.buffers]
         with torch.no_grad():
             self.saved = [t.detach().clone() for t in self.tensors]
+        self.versions = [t._version for t in self.tensors]
 
     def restore(self) -> None:
+        """Put back every tensor changed in place since (its version counter moved)."""
         with torch.no_grad():
-            for t, s in zip(self.tensors, self.saved):
-                if not torch.equal(t, s) or t.dtype != s.dtype:
+            for t, s, v in zip(self.tensors, self.saved, self.versions):
+                if t._version != v:
                     t.copy_(s)
+            for b, s in zip(self.buffers, self.buffers_saved):
+                b.copy_(s)
 
 
 def replay_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
