@@ -8,6 +8,7 @@ of them is a change here alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +74,7 @@ def force_eager() -> Iterator[None]:
         yield
 
 
+@functools.cache
 def functorch_entry_points() -> dict[str, tuple[Any, str]]:
     """The functions torch.func's transforms look up when they are called, as (module,
     attribute): ``grad``/``grad_and_value`` reach ``grad_and_value_impl``, ``vjp`` and

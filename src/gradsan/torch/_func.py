@@ -55,6 +55,7 @@ class _Patches:
     def __init__(self) -> None:
         self.depth = 0
         self._undo: list[tuple[Any, str, Any]] = []
+        self._built: dict[str, tuple[Any, Any]] = {}  # name -> (original, its wrapper)
 
     def wrappers(self) -> dict[str, Callable[[Any], Any]]:
         raise NotImplementedError
@@ -65,8 +66,15 @@ class _Patches:
             if name in wrap:
                 orig = getattr(mod, attr)
                 self._undo.append((mod, attr, orig))
-                setattr(mod, attr, wrap[name](orig))
+                setattr(mod, attr, self._wrapped(name, orig, wrap[name]))
         return self
+
+    def _wrapped(self, name: str, orig: Any, make: Callable[[Any], Any]) -> Any:
+        """The wrapper of ``orig``, made once (guard enters its patches on every step)."""
+        built = self._built.get(name)
+        if built is None or built[0] is not orig:
+            built = self._built[name] = (orig, make(orig))
+        return built[1]
 
     def __exit__(self, *exc: Any) -> None:
         for mod, attr, orig in reversed(self._undo):
@@ -131,7 +139,10 @@ class GradCheck(_Patches):
     def __enter__(self) -> GradCheck:
         super().__enter__()
         orig = self._autograd = torch.autograd.grad
+        torch.autograd.grad = self._wrapped("autograd.grad", orig, self._autograd_grad)
+        return self
 
+    def _autograd_grad(self, orig: Callable) -> Callable:
         @functools.wraps(orig)  # the tracer's TorchFunctionMode recognizes it by name
         def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             if self.depth:
@@ -140,8 +151,7 @@ class GradCheck(_Patches):
             self.returned([(None, g) for g in out if g is not None], "torch.autograd.grad")
             return out
 
-        torch.autograd.grad = grad  # type: ignore[assignment]
-        return self
+        return grad
 
     def __exit__(self, *exc: Any) -> None:
         torch.autograd.grad = self._autograd

@@ -199,6 +199,7 @@ class guard:
         self._bindings = _replay.Bindings(step) if step is not None else _replay.Bindings(None)
         # several optimizers step in one call: keep the earlier ones' parameters for the replay
         self._several = len(self.opts) >= 2
+        self._func_check = GradCheck(_Abort)  # torch.func's gradients, checked when returned
 
     # -- the guarded step -----------------------------------------------------------------------
     def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -228,7 +229,8 @@ class guard:
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         check = _StepCheck(snapshot=self._several)
-        func = GradCheck(_Abort)
+        func = self._func_check
+        func.failed = None
         taps: list[_replay.Tap] = []
         args, kwargs = _replay.tap_args(args, kwargs, taps)
         out = None
