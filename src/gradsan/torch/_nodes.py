@@ -21,18 +21,20 @@ import torch
 from ._mode import Event, External, Tracer, dispatch_mode, is_float, key, nonfinite
 
 
-def _classify(t: torch.Tensor, total: float) -> bool | None:
-    """``nonfinite(t)`` given ``t.sum()``: one more reduction only when the sum is not finite."""
+def _classify(t: torch.Tensor, total: float, nan_in: bool = False) -> bool | None:
+    """``nonfinite(t)`` given ``t.sum()``: one more reduction only when the sum is not finite.
+    ``nan_in``: the Node read a NaN, so a NaN sum is taken for a NaN (nothing can be born
+    there; the flag only says what it passes on)."""
     if math.isfinite(total):
         return None
     if total != total:  # NaN, or inf - inf
-        if bool(torch.isnan(t).any()):
+        if nan_in or bool(torch.isnan(t).any()):
             return True
         return False if bool(torch.isinf(t).any()) else None
     return False if bool(torch.isinf(t).any()) else None  # +-inf, or an overflow
 
 
-def _nonfinite_all(ts: list[torch.Tensor]) -> list[bool | None]:
+def _nonfinite_all(ts: list[torch.Tensor], nan_in: bool = False) -> list[bool | None]:
     """``nonfinite`` of each tensor, with one fused sum (one sync) for all of them."""
     if not ts:
         return []
@@ -41,7 +43,7 @@ def _nonfinite_all(ts: list[torch.Tensor]) -> list[bool | None]:
         if all(t.dtype == dt and t.device == dev for t in ts):
             sums = (torch.stack([t.sum() for t in ts]) if len(ts) > 1 else ts[0].sum()).tolist()
             sums = sums if isinstance(sums, list) else [sums]
-            return [_classify(t, v) for t, v in zip(ts, sums)]
+            return [_classify(t, v, nan_in) for t, v in zip(ts, sums)]
     return [nonfinite(t) for t in ts]
 
 
@@ -122,7 +124,9 @@ class NodeHooks:
             # an output an inner trace already explains (a backward the Node ran inside itself,
             # as reentrant checkpoint does) keeps its event
             floats = [o for o in floats if key(o) not in tr.events]
-            outs = [(o, nf) for o, nf in zip(floats, _nonfinite_all(floats)) if nf is not None]
+            outs = [
+                (o, nf) for o, nf in zip(floats, _nonfinite_all(floats, nan_in)) if nf is not None
+            ]
             if not outs:
                 self._send(node, grad_inputs)  # (an output may pass an input on as it is)
                 return None
