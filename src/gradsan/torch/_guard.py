@@ -163,8 +163,14 @@ class guard:
     call ``optimizer.step()``). Each call pays one reduction over every ``.grad`` (plus the loss
     it returns). When an optimizer steps inside ``step``, the check runs in its step pre-hook,
     **before the update**, so parameters and optimizer state are never touched by a non-finite
-    gradient. On failure gradsan zeroes the ``.grad``'s, restores the RNG state, replays the
-    step eagerly (also when the model is ``torch.compile``'d) under the tracer and raises.
+    gradient. Gradients returned by ``torch.func`` transforms and ``torch.autograd.grad`` are
+    checked where they are returned. On failure gradsan replays the step eagerly (also when the
+    model is ``torch.compile``'d) under the tracer and raises. The replay has no side effects:
+    the step gets the batches it took from its iterators (never pulled again), the RNG state of
+    its start and the parameters its forward saw; no optimizer or LR scheduler steps; buffers,
+    RNG state and parameters are then put back to what the step left. When that cannot be done
+    (an earlier optimizer's update in the step that gradsan kept no copy of, a replay asking an
+    iterator for more), the error says so and names the non-finite gradients the step left.
 
     As a context manager (``with gradsan.torch.guard(model): ...``) it checks the same way but
     cannot replay a with-block: the error names the non-finite gradients; wrap the step in a
