@@ -275,3 +275,24 @@ def test_node_level_backward_reports_what_the_full_trace_reports(prog):
         assert not report.ok
         reports.append(_summary(report))
     assert reports[0] == reports[1]
+
+
+def test_files_the_step_writes_to_are_left_alone(tmp_path):
+    log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - a handle the step keeps using
+    lin = torch.nn.Linear(2, 1)
+    seen = []
+
+    def step(x):
+        seen.append(type(log).__name__)  # what the step sees in its closure
+        with open(tmp_path / "other.txt", "a"):
+            pass
+        h = lin(x)
+        loss = torch.sqrt((h - h.detach()).pow(2).sum())
+        loss.backward()
+        print("step", file=log)
+        return loss
+
+    with pytest.raises(gradsan.NonFiniteError):
+        gst.guard(step)(torch.zeros(1, 2))
+    assert seen == ["TextIOWrapper", "TextIOWrapper"]  # never replaced by a stand-in
+    log.close()

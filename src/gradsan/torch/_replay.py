@@ -11,6 +11,7 @@ state and parameters are put back to what the step itself left.
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,10 +23,13 @@ class Unsafe(Exception):
 
 
 def _is_iterator(v: Any) -> bool:
+    """A data iterator the step may pull from (not a file or other context manager, which a
+    stand-in could not replace)."""
+    t = type(v)
     return (
-        hasattr(type(v), "__next__")
-        and not isinstance(v, (torch.Tensor, torch.nn.Module, str, bytes))
-        and not isinstance(v, Tap)
+        hasattr(t, "__next__")
+        and not hasattr(t, "__enter__")
+        and not isinstance(v, (torch.Tensor, torch.nn.Module, str, bytes, io.IOBase, Tap))
     )
 
 
