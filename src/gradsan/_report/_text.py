@@ -60,7 +60,8 @@ def _target(f: Finding) -> str:
     """What went non-finite, in words: "the gradient for `theta`", "the value", "output `[1]`"."""
     grads = [o for o in f.outputs if o.kind == "grad" or (not o.kind and f.phase == "gradient")]
     values = [o for o in f.outputs if o.kind == "value"]
-    others = [o for o in f.outputs if o not in grads and o not in values]
+    named = {id(o) for o in grads + values}  # by identity: comparing fields is O(n^2)
+    others = [o for o in f.outputs if id(o) not in named]
     parts = []
     if values:
         parts.append(

@@ -71,6 +71,7 @@ def _leaves_of(roots: list) -> list:
 def patch_torch(hooks: Hooks, torch: Any) -> None:
     """Check the gradients after every ``Tensor.backward`` and ``torch.autograd.grad`` (undone
     by hooks.uninstall)."""
+    from ..torch._compat import compiling, in_functorch
     from ..torch._guard import finite
 
     orig_backward = torch.Tensor.backward
@@ -128,7 +129,7 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
         inputs: Any = None,
     ) -> None:
         __tracebackhide__ = True
-        if not hooks.enabled or hooks.in_backward:  # re-entered through a TorchFunctionMode
+        if not hooks.enabled or hooks.in_backward or compiling():  # re-entered, or compiling
             return orig_backward(self, gradient, retain_graph, create_graph, inputs)
         hooks.torch_calls += 1
         call = hooks.torch_calls
@@ -154,7 +155,7 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
     @functools.wraps(orig_grad)
     def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if not hooks.enabled or hooks.in_backward:
+        if not hooks.enabled or hooks.in_backward or compiling() or in_functorch():
             return orig_grad(outputs, inputs, *args, **kwargs)
         hooks.in_backward = True
         try:
@@ -174,8 +175,22 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
         finish(call, sys._getframe(1), ins, grads, [])
         return result
 
+    orig_compile = torch.compile
+
+    @functools.wraps(orig_compile)
+    def compile(*args: Any, **kwargs: Any) -> Any:
+        # a tracing session opened before the script imported torch._dynamo runs what is
+        # compiled from now on as its eager twin (the tracer sees every operation)
+        out = orig_compile(*args, **kwargs)
+        session = hooks.session
+        ensure = getattr(getattr(session, "tracer", None), "ensure_eager", None)
+        if ensure is not None:
+            ensure()
+        return out
+
     hooks.set(torch.Tensor, "backward", backward)
     hooks.set(torch.autograd, "grad", grad)
+    hooks.set(torch, "compile", compile)
 
 
 def _torch_summary(leaves: list, grads: list, frame: Any) -> Any:

@@ -8,6 +8,7 @@ of them is a change here alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -19,11 +20,16 @@ from torch.utils._python_dispatch import TorchDispatchMode  # private: no public
 __all__ = [
     "TorchDispatchMode",
     "TorchFunctionMode",
+    "compiling",
     "current_autograd_node",
     "disable_torch_function",
     "dynamo_loaded",
     "force_eager",
     "foreach_norm",
+    "functorch_entry_points",
+    "in_functorch",
+    "recompute_in_backward",
+    "without_function_mode",
 ]
 
 # The autograd Node whose backward is running now (None in the forward pass).
@@ -41,6 +47,18 @@ def dynamo_loaded() -> bool:
     return "torch._dynamo" in sys.modules
 
 
+def compiling() -> bool:
+    """Whether torch.compile is tracing now (AOTAutograd builds its joint graph through
+    ``torch.autograd.grad`` on fake tensors: nothing to check there)."""
+    return dynamo_loaded() and bool(torch.compiler.is_compiling())
+
+
+def in_functorch() -> bool:
+    """Whether a torch.func transform (grad, vmap, ...) is running now: its tensors are
+    wrapped (a batched tensor has no values to read)."""
+    return torch._C._functorch.maybe_current_level() is not None
+
+
 @contextlib.contextmanager
 def force_eager() -> Iterator[None]:
     """Run ``torch.compile``'d code eagerly, so every operation is seen."""
@@ -54,3 +72,58 @@ def force_eager() -> Iterator[None]:
         return
     with set_stance("force_eager"):
         yield
+
+
+@functools.cache
+def functorch_entry_points() -> dict[str, tuple[Any, str]]:
+    """The functions torch.func's transforms look up when they are called, as (module,
+    attribute): ``grad``/``grad_and_value`` reach ``grad_and_value_impl``, ``vjp`` and
+    ``jacrev`` reach ``_vjp_with_argnums``, ``vmap`` (also inside jacrev) reaches
+    ``vmap_impl`` through ``torch._functorch.apis``."""
+    from torch._functorch import apis, eager_transforms
+
+    return {
+        "grad": (eager_transforms, "grad_and_value_impl"),
+        "vjp": (eager_transforms, "_vjp_with_argnums"),
+        "vmap": (apis, "vmap_impl"),
+    }
+
+
+@contextlib.contextmanager
+def without_function_mode(mode: Any) -> Iterator[None]:
+    """Run a block with ``mode`` (a TorchFunctionMode on the stack) switched off."""
+    if torch.overrides._get_current_function_mode() is mode:
+        with torch.overrides._pop_mode_temporarily():
+            yield
+        return
+    with torch._C.DisableTorchFunction():
+        yield
+
+
+@contextlib.contextmanager
+def recompute_in_backward(mode: Any, around: Any) -> Iterator[None]:
+    """While the block runs, the forward that reentrant ``torch.utils.checkpoint`` recomputes
+    inside the backward runs under the TorchFunctionMode ``mode`` (a backward called from a
+    mode's handler runs with the mode off, so the recomputed operations would not be seen).
+    ``around()``: a context manager entered around each such backward."""
+    from torch.utils import checkpoint
+
+    cls = checkpoint.CheckpointFunction
+    orig = cls.__dict__["backward"]
+    backward = orig.__func__ if isinstance(orig, staticmethod) else orig
+
+    def with_mode(ctx: Any, *args: Any) -> Any:
+        with around():
+            if torch.overrides._get_current_function_mode() is mode:
+                return backward(ctx, *args)
+            torch._C._push_on_torch_function_stack(mode)
+            try:
+                return backward(ctx, *args)
+            finally:
+                torch._C._pop_torch_function_stack()
+
+    cls.backward = staticmethod(with_mode)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.backward = orig  # type: ignore[method-assign]

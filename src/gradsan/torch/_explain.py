@@ -3,10 +3,12 @@ non-finite value was born, in the user's own lines."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,10 @@ from .._events import Note, Origin, Poison
 from .._report import OutputHit, Report, _messages
 from .._report._build import build
 from . import _rules
+from ._compat import dynamo_loaded, force_eager, in_functorch, recompute_in_backward
+from ._func import Transforms
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
+from ._nodes import NodeHooks
 from ._source import user_frame_object
 
 BACKEND = "torch"
@@ -400,6 +405,89 @@ def _consumer_of(tracer: Tracer, start: Event | External, root: Event | External
 # ---- public API -----------------------------------------------------------------------------------
 
 
+class _EagerTracer(Tracer):
+    """The tracer, with ``torch.compile``'d code run as its eager twin while it traces: dynamo
+    cannot trace through the tracer's modes and hooks, and a compiled graph hides the user's
+    lines. Whoever ends the trace (``__exit__``) ends the eager stance too."""
+
+    _stance: contextlib.ExitStack | None = None
+
+    def ensure_eager(self) -> None:
+        """Enter the eager stance once torch._dynamo is imported (a session opened before the
+        script called torch.compile enters it at the first module call, or from gradsan run's
+        torch.compile patch)."""
+        if self._stance is not None or not dynamo_loaded():
+            return
+        stack = contextlib.ExitStack()
+        stack.enter_context(force_eager())
+        # the eager twin of a compiled module runs the tracer's global module hooks
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
+        self._stance = stack
+
+    def __enter__(self) -> Tracer:
+        self.ensure_eager()
+        self.transforms = Transforms(self)
+        self._recompute = recompute_in_backward(self._fmode, self._recomputing)
+        try:
+            self.transforms.__enter__()
+            self._recompute.__enter__()
+            return super().__enter__()
+        except BaseException:
+            self._recompute.__exit__(None, None, None)
+            self.transforms.__exit__(None, None, None)
+            self._close_stance()
+            raise
+
+    @contextlib.contextmanager
+    def _recomputing(self) -> Iterator[None]:
+        """Checkpoint's recomputation: the detached copies of its inputs it makes are not the
+        user's tensors (their gradients flow on to the real inputs)."""
+        before = set(self.leaves)
+        try:
+            yield
+        finally:
+            for k in [k for k in self.leaves if k not in before]:
+                if not isinstance(self.leaves[k], torch.nn.Parameter):
+                    del self.leaves[k]
+
+    def _pre_module(self, module: Any, args: Any) -> None:
+        if self._stance is None:
+            self.ensure_eager()
+        super()._pre_module(module, args)
+
+    node_level = False  # guard's replay: Node hooks, the dispatch mode only where NaN is born
+
+    def run_backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self.node_level and not self._dmode_on and not in_functorch():
+            # (a transform's wrapped tensors have no storage to key: those get the full trace)
+            roots = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+            self.on_backward_call(roots)
+            hooks = NodeHooks(self, list(tensors_in(roots)))
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                hooks.remove()
+        else:
+            out = super().run_backward(func, args, kwargs)
+        if getattr(func, "__name__", "") == "grad":  # torch.autograd.grad: what it returned
+            self.transforms.autograd_grad(args[1] if len(args) > 1 else kwargs.get("inputs"), out)
+        return out
+
+    def _close_stance(self) -> None:
+        stack, self._stance = self._stance, None
+        if stack is not None:
+            stack.close()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._recompute.__exit__(None, None, None)
+            self.transforms.__exit__(None, None, None)
+            self._close_stance()
+
+
 class _Session:
     """A context manager that traces a block and fills a Report at exit."""
 
@@ -413,25 +501,33 @@ class _Session:
         self.tracer: Tracer | None = None
         self.namer = Namer()
         self.extra_leaves: list[torch.Tensor] = []
+        self.left: dict[str, Any] | None = None  # a with-block's variables at its end
 
     def __enter__(self) -> Report:
-        self.tracer = Tracer(kinks=self.kinks)
+        self.tracer = _EagerTracer(kinks=self.kinks)
         self.tracer.__enter__()
         return self.report
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def close(self, exc_type: Any = None, exc: Any = None, tb: Any = None) -> Tracer:
+        """Stop tracing; returns the tracer."""
         tracer = self.tracer
         assert tracer is not None
-        tracer.__exit__(exc_type, exc, tb)
         self.tracer = None
+        tracer.__exit__(exc_type, exc, tb)
+        return tracer
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        tracer = self.close(exc_type, exc, tb)
         if exc_type is not None:
             return
         f = user_frame_object(2)
         if f is not None:
-            self.namer.add_locals(dict(f.f_locals))
+            self.left = dict(f.f_locals)
+            self.namer.add_locals(self.left)
         self.finish(tracer)
 
     def finish(self, tracer: Tracer) -> None:
+        notes = self.returned(tracer)
         build_report(
             tracer,
             self.report,
@@ -440,6 +536,73 @@ class _Session:
             extra_leaves=self.extra_leaves,
             unresolved=self.unresolved,
         )
+        self.report.notes.extend(notes)
+
+    def returned(self, tracer: Tracer) -> list[str]:
+        """Make what the traced code returned outputs of the report: the gradients torch.func
+        and torch.autograd.grad returned (blamed like ``.grad``, named after their argument),
+        vmap's replayed batch elements, and, when no backward ran, the non-finite values the
+        block left in its variables (or fn returned). Returns the notes to add."""
+        transforms: Transforms | None = getattr(tracer, "transforms", None)
+        notes: list[str] = list(transforms.notes) if transforms is not None else []
+        names = self.namer.names
+        grads: set[int] = set()
+        if transforms is not None:
+            for i, (arg, g, api) in enumerate(transforms.grads):
+                grads.add(id(g))
+                if not g.is_floating_point() or all_finite(g):
+                    continue
+                proxy = g.new_zeros(()).expand(g.shape)  # a leaf whose .grad is g
+                proxy.grad = g
+                names[id(proxy)] = self._arg_name(arg, transforms) or f"argument {i} of {api}"
+                self.extra_leaves.append(proxy)
+            for user_t, twin, b in transforms.values:
+                if id(twin) in grads:
+                    continue
+                base = names.get(id(user_t), "the vmap output")
+                names[id(twin)] = f"{base}[{b}]"
+                tracer.losses.append(twin)
+        if tracer.backward_calls or grads:
+            return notes
+        left = [t for t in tensors_in(self.report.outputs)] if self.left is None else []
+        if self.left is not None:
+            for v in self.left.values():
+                left += [t for t in tensors_in(v)]
+        seen: set[int] = set()
+        found = False
+        before = 0  # non-finite, but no operation of the block made them
+        for t in left:
+            if id(t) in seen or not t.is_floating_point():
+                continue
+            seen.add(id(t))
+            if all_finite(t):
+                continue
+            if tracer.producer_of(t) is None:
+                before += 1
+                continue
+            tracer.losses.append(t)
+            found = True
+        if not found and not tracer.losses:
+            n = len(seen) - before
+            what = f"{n} tensor{'s' if n != 1 else ''}"
+            where = "it returned" if self.left is None else "left in its variables"
+            came = f"; {before} were NaN/Inf before it began" if before else ""
+            notes.append(
+                f"no backward ran: gradsan checked the {what} {where} (finite{came}) "
+                "and no gradient"
+            )
+        return notes
+
+    def _arg_name(self, arg: Any, transforms: Transforms) -> str | None:
+        names = self.namer.names
+        if arg is None:
+            return None
+        if id(arg) in names:
+            return names[id(arg)]
+        src = transforms.sliced.get(id(arg))
+        if src is not None and id(src[0]) in names:
+            return f"{names[id(src[0])]}[{src[1]}]"
+        return None
 
 
 def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -> Report:
@@ -478,8 +641,7 @@ def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -
         report.outputs = out
         ok = True
     finally:
-        tracer.__exit__(None, None, None)
-        session.tracer = None
+        session.close()
     if ok:
         session.finish(tracer)
     return report

@@ -4,6 +4,7 @@ eagerly under the tracer and raise NonFiniteError with the explanation."""
 from __future__ import annotations
 
 import cmath
+import contextlib
 import functools
 import math
 import warnings
@@ -15,8 +16,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
-from . import _compat
+from . import _compat, _replay
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
+from ._func import GradCheck
 from ._mode import all_finite, tensors_in
 
 
@@ -102,13 +104,18 @@ _eager = _compat.force_eager
 
 
 class _StepCheck:
-    """Checks gradients in every optimizer's step pre-hook, before the update."""
+    """Checks gradients in every optimizer's step pre-hook, before the update. ``snapshot``:
+    keep each passing optimizer's parameters before its update (a step with several
+    optimizers: the replay undoes the earlier ones' updates)."""
 
-    def __init__(self, replaying: bool = False) -> None:
+    def __init__(self, replaying: bool = False, snapshot: bool = False) -> None:
         self.replaying = replaying
+        self.snapshot = snapshot
         self.failed: Any = None
         self.checked = False
         self.handle: Any = None
+        self.stepped: list[Any] = []  # optimizers whose update went through in this step
+        self.before: list[tuple[torch.Tensor, torch.Tensor]] = []  # (param, value before)
 
     def __enter__(self) -> _StepCheck:
         self.handle = register_optimizer_step_pre_hook(self._hook)
@@ -119,14 +126,16 @@ class _StepCheck:
 
     def _hook(self, opt: Any, args: Any, kwargs: Any) -> None:
         self.checked = True
-        if self.replaying:
-            # the replay stops before any update: gradients are what it explains
-            if not finite(_grads(_opt_params(opt))):
-                raise _Abort()
-            return
+        if self.replaying:  # an optimizer the replay did not know of: stop before its update
+            self.failed = opt
+            raise _Abort()
         if not finite(_grads(_opt_params(opt))):
             self.failed = opt
             raise _Abort()
+        if self.snapshot:
+            with torch.no_grad():
+                self.before += [(p, p.detach().clone()) for p in _opt_params(opt)]
+        self.stepped.append(opt)
 
 
 def failure_report(function: str, hits: list, notes: list[str]) -> Report:
@@ -154,8 +163,14 @@ class guard:
     call ``optimizer.step()``). Each call pays one reduction over every ``.grad`` (plus the loss
     it returns). When an optimizer steps inside ``step``, the check runs in its step pre-hook,
     **before the update**, so parameters and optimizer state are never touched by a non-finite
-    gradient. On failure gradsan zeroes the ``.grad``'s, restores the RNG state, replays the
-    step eagerly (also when the model is ``torch.compile``'d) under the tracer and raises.
+    gradient. Gradients returned by ``torch.func`` transforms and ``torch.autograd.grad`` are
+    checked where they are returned. On failure gradsan replays the step eagerly (also when the
+    model is ``torch.compile``'d) under the tracer and raises. The replay has no side effects:
+    the step gets the batches it took from its iterators (never pulled again), the RNG state of
+    its start and the parameters its forward saw; no optimizer or LR scheduler steps; buffers,
+    RNG state and parameters are then put back to what the step left. When that cannot be done
+    (an earlier optimizer's update in the step that gradsan kept no copy of, a replay asking an
+    iterator for more), the error says so and names the non-finite gradients the step left.
 
     As a context manager (``with gradsan.torch.guard(model): ...``) it checks the same way but
     cannot replay a with-block: the error names the non-finite gradients; wrap the step in a
@@ -187,6 +202,10 @@ class guard:
         mods, self.opts = _discover(step) if step is not None else ([], [])
         self.modules += [(m, n) for m, n in mods if all(m is not x for x, _ in self.modules)]
         self._ctx: list[Any] = []
+        self._bindings = _replay.Bindings(step) if step is not None else _replay.Bindings(None)
+        # several optimizers step in one call: keep the earlier ones' parameters for the replay
+        self._several = len(self.opts) >= 2
+        self._func_check = GradCheck(_Abort)  # torch.func's gradients, checked when returned
 
     # -- the guarded step -----------------------------------------------------------------------
     def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -215,23 +234,51 @@ class guard:
             )
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        check = _StepCheck()
+        check = _StepCheck(snapshot=self._several)
+        func = self._func_check
+        func.failed = None
+        taps: list[_replay.Tap] = []
+        args, kwargs = _replay.tap_args(args, kwargs, taps)
         out = None
-        with check:
+        with check, func, self._bindings.tapped(taps):
             try:
                 out = self.step(*args, **kwargs)
             except _Abort:
                 pass
-        if check.failed is None:
+        if len(check.stepped) + (check.failed is not None) >= 2:
+            self._several = True  # from now on, keep earlier optimizers' parameters
+        if check.failed is None and func.failed is None:
             losses = [t for t in _returned_losses(out)]
             grads = [] if check.checked else _grads(self._watched(args, kwargs))
             if finite(grads, losses):
                 return out
-        self._replay(args, kwargs, rng, cuda_rng)
+        self._replay(args, kwargs, rng, cuda_rng, check)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _replay(self, args: tuple, kwargs: dict, rng: torch.Tensor, cuda_rng: Any) -> None:
+    def _replay(
+        self, args: tuple, kwargs: dict, rng: torch.Tensor, cuda_rng: Any, check: _StepCheck
+    ) -> None:
+        """Explain the failing step: run its forward and backward again under the tracer,
+        with the step's inputs, batches, parameters and RNG state, and no side effect."""
         watched = self._watched(args, kwargs)
+        if check.stepped and not check.before:
+            names = ", ".join(type(o).__name__ for o in check.stepped)
+            raise NonFiniteError(
+                self._from_record(
+                    self._recorded(watched),
+                    f"the step was not replayed: an optimizer ({names}) had already updated "
+                    "the parameters in this step, before the NaN/Inf, and gradsan kept no copy "
+                    "to undo it on the first call (it does from the next call on); the "
+                    "gradients above are what the step computed",
+                )
+            )
+        left = _replay.ModuleState([m for m, _ in self.modules], watched)
+        after_rng = torch.get_rng_state()
+        after_cuda = torch.cuda.get_rng_state_all() if cuda_rng is not None else None
+        grads_left = [(p, p.grad) for p in watched]
+        with torch.no_grad():
+            for p, v in check.before:  # the parameters as the step's forward saw them
+                p.copy_(v)
         for p in watched:
             p.grad = None
         torch.set_rng_state(rng)
@@ -245,44 +292,91 @@ class guard:
         report = session.__enter__()
         tracer = session.tracer
         assert tracer is not None
+        tracer.node_level = True  # type: ignore[attr-defined]  # see _nodes.py
         out = None
+        problem: str | None = None
+        args, kwargs = _replay.replay_args(args, kwargs)
         try:
-            with _eager(), _StepCheck(replaying=True), warnings.catch_warnings():
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(_eager())
+                stack.enter_context(warnings.catch_warnings())
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
+                stack.enter_context(_replay.no_updates(self._optimizers(check)))
+                stop = stack.enter_context(_StepCheck(replaying=True))
+                stack.enter_context(GradCheck(_Abort))
+                stack.enter_context(self._bindings.replaying())
                 try:
                     out = self.step(*args, **kwargs)  # type: ignore[misc]  # checked in __call__
                 except _Abort:
                     pass
+                except _replay.Unsafe as e:
+                    problem = str(e)
+                if stop.failed is not None:
+                    report.notes.append(
+                        f"the replay stopped before {type(stop.failed).__name__}.step (an "
+                        "optimizer gradsan had not seen in the step): it explains what ran "
+                        "before it"
+                    )
             if tracer.backward_calls == 0:
                 tracer.losses.extend(_returned_losses(out))
         finally:
             tracer.__exit__(None, None, None)
             session.tracer = None
+            left.restore()  # buffers, and parameters an earlier optimizer had updated
+            for p, g in grads_left:
+                if p.grad is None:
+                    p.grad = g
+            torch.set_rng_state(after_rng)
+            if after_cuda is not None:
+                torch.cuda.set_rng_state_all(after_cuda)
+        if problem is not None:
+            raise NonFiniteError(
+                self._from_record(
+                    self._recorded(watched, grads_left),
+                    f"the step could not be replayed without side effects: {problem}",
+                )
+            )
         session.finish(tracer)
         report.outputs = out
         if report.ok:
-            namer = session.namer
-            hits = [
-                output_hit(namer.name(p), p.grad)
-                for p in watched
-                if p.grad is not None and not all_finite(p.grad)
-            ]
-            report.findings.append(
-                Finding(
-                    kind="nonfinite",
-                    catalog_id=None,
-                    phase="gradient",
-                    primitive="?",
-                    where=None,
-                    result="nan",
-                    outputs=hits,
-                )
-            )
+            report.findings.append(self._finding(self._recorded(watched, grads_left)))
             report.notes.append(
                 "the eager replay of the step did not reproduce the non-finite value "
                 "(nondeterminism, or state the step changes between calls?)"
             )
         raise NonFiniteError(report)
+
+    def _optimizers(self, check: _StepCheck) -> list[Any]:
+        opts = list(self.opts)
+        opts += [o for o in (*check.stepped, check.failed) if o is not None and o not in opts]
+        return opts
+
+    def _recorded(self, watched: list[torch.Tensor], grads: list | None = None) -> list:
+        """The non-finite gradients the step left (named): ``grads`` (param, grad) pairs kept
+        before the replay, else the ``.grad`` of ``watched``."""
+        namer = Namer()
+        namer.add_modules(self.modules)
+        pairs = grads if grads is not None else [(p, p.grad) for p in watched]
+        return [
+            output_hit(namer.name(p), g)
+            for p, g in pairs
+            if g is not None and g.is_floating_point() and not all_finite(g)
+        ]
+
+    @staticmethod
+    def _finding(hits: list) -> Finding:
+        return Finding(
+            kind="nonfinite",
+            catalog_id=None,
+            phase="gradient",
+            primitive="?",
+            where=None,
+            result="nan",
+            outputs=hits,
+        )
+
+    def _from_record(self, hits: list, note: str) -> Report:
+        return failure_report(getattr(self.step, "__name__", "step"), hits, [note])
 
     # -- context manager --------------------------------------------------------------------------
     def __enter__(self) -> guard:

@@ -1,0 +1,194 @@
+"""The backward at the level of autograd Nodes: one hook per Node instead of a dispatch mode on
+every aten op (guard's replay, where the time to the report counts).
+
+Each Node's post-hook sees what came in (its grad_outputs) and what it computed (its
+grad_inputs). A Node that only passes NaN/Inf on becomes one event per non-finite output,
+linked to the events of its inputs, which is all the blame needs. Only a Node where a
+non-finite value is born (finite inputs, or a NaN from inputs without one) is run again, inside
+its own post-hook (its saved tensors are still alive there), under the tracer's dispatch mode:
+its aten ops give the op, the indeterminate form and where the zero came from, exactly as a
+fully traced backward would; its recomputed outputs replace the originals (the same values),
+so the Nodes after it read the tensors the events name.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ._mode import Event, External, Tracer, dispatch_mode, is_float, key, nonfinite
+
+
+def _classify(t: torch.Tensor, total: float, nan_in: bool = False) -> bool | None:
+    """``nonfinite(t)`` given ``t.sum()``: one more reduction only when the sum is not finite.
+    ``nan_in``: the Node read a NaN, so a NaN sum is taken for a NaN (nothing can be born
+    there; the flag only says what it passes on)."""
+    if math.isfinite(total):
+        return None
+    if total != total:  # NaN, or inf - inf
+        if nan_in or bool(torch.isnan(t).any()):
+            return True
+        return False if bool(torch.isinf(t).any()) else None
+    return False if bool(torch.isinf(t).any()) else None  # +-inf, or an overflow
+
+
+def _nonfinite_all(ts: list[torch.Tensor], nan_in: bool = False) -> list[bool | None]:
+    """``nonfinite`` of each tensor, with one fused sum (one sync) for all of them."""
+    if not ts:
+        return []
+    if all(t.is_floating_point() and t.numel() for t in ts):
+        dt, dev = ts[0].dtype, ts[0].device
+        if all(t.dtype == dt and t.device == dev for t in ts):
+            sums = (torch.stack([t.sum() for t in ts]) if len(ts) > 1 else ts[0].sum()).tolist()
+            sums = sums if isinstance(sums, list) else [sums]
+            return [_classify(t, v, nan_in) for t, v in zip(ts, sums)]
+    return [nonfinite(t) for t in ts]
+
+
+def _tag_of(node: Any) -> Any:
+    try:
+        return node.metadata.get("gradsan")
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class NodeHooks:
+    """Hooks on every Node a backward from ``roots`` runs; ``remove()`` after it."""
+
+    def __init__(self, tracer: Tracer, roots: list[torch.Tensor]) -> None:
+        self.tracer = tracer
+        self.handles: list[Any] = []
+        self.accumulate: list[tuple[Any, torch.Tensor]] = []  # (AccumulateGrad, incoming)
+        # (id(Node), input slot) -> the events of the non-finite values sent there: the engine
+        # sums what several Nodes send to one slot out of any Node's sight
+        self.sent: dict[tuple[int, int], list[Event]] = {}
+        seen: set[int] = set()
+        stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while stack:
+            n = stack.pop()
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            if hasattr(n, "variable"):  # AccumulateGrad: writes .grad
+                self.handles.append(n.register_prehook(self._accumulating(n)))
+                continue
+            self.handles.append(n.register_hook(self._post(n)))
+            stack.extend(m for m, _ in n.next_functions if m is not None)
+
+    def _accumulating(self, node: Any) -> Any:
+        def prehook(grad_outputs: tuple) -> None:
+            for g in grad_outputs:
+                if isinstance(g, torch.Tensor):
+                    self.accumulate.append((node, g))
+                    if is_float(g) and key(g) not in self.tracer.events:
+                        sent = self.sent.get((id(node), 0))
+                        if sent and nonfinite(g) is not None:
+                            self.tracer.events[key(g)] = self._sum(node, g, sent)
+
+        return prehook
+
+    def _post(self, node: Any) -> Any:
+        tr = self.tracer
+
+        def hook(grad_inputs: tuple, grad_outputs: tuple) -> Any:
+            ins: list[tuple[torch.Tensor, Any]] = []
+            nan_in = False
+            unknown: list[tuple[int, torch.Tensor]] = []
+            for slot, g in enumerate(grad_outputs):
+                if not isinstance(g, torch.Tensor) or not is_float(g):
+                    continue
+                prod = tr.events.get(key(g))
+                if prod is not None:
+                    ins.append((g, prod))
+                    nan_in = nan_in or prod.nan
+                else:
+                    unknown.append((slot, g))
+            for (slot, g), nf in zip(unknown, _nonfinite_all([g for _, g in unknown])):
+                if nf is None:
+                    continue
+                sent = self.sent.get((id(node), slot))
+                if sent:  # a sum the engine formed: its summands' events
+                    ev = tr.events[key(g)] = self._sum(node, g, sent)
+                    ins.append((g, ev))
+                else:
+                    ins.append((g, tr.fwd.get(key(g)) or External(g)))
+                nan_in = nan_in or nf
+            floats = [o for o in grad_inputs if isinstance(o, torch.Tensor) and is_float(o)]
+            passed = {key(g) for g in grad_outputs if isinstance(g, torch.Tensor)}
+            for o in floats:
+                k = key(o)
+                if k not in passed:  # a gradient passed on as it is keeps its owner
+                    tr.owner[k] = node
+            # an output an inner trace already explains (a backward the Node ran inside itself,
+            # as reentrant checkpoint does) keeps its event
+            floats = [o for o in floats if key(o) not in tr.events]
+            outs = [
+                (o, nf) for o, nf in zip(floats, _nonfinite_all(floats, nan_in)) if nf is not None
+            ]
+            if not outs:
+                self._send(node, grad_inputs)  # (an output may pass an input on as it is)
+                return None
+            born = not ins or any(nf and not nan_in for _, nf in outs)
+            if born and all(isinstance(g, torch.Tensor) for g in grad_outputs):
+                try:
+                    with dispatch_mode(tr):  # the Node again, its aten ops seen one by one
+                        again = node(*grad_outputs)
+                except Exception:  # a Node Python cannot call (a custom Function's)
+                    again = None
+                if again is not None:
+                    again = again if isinstance(again, tuple) else (again,)
+                    if len(again) == len(grad_inputs):
+                        self._send(node, again)
+                        return again
+            tag = _tag_of(node)
+            name = node.name()
+            for o, nf in outs:
+                ev = Event("backward", name, tag, node, o, list(ins), nan=nf)
+                ev.nan_new = nf and not nan_in
+                tr.events[key(o)] = ev
+            self._send(node, grad_inputs)
+            return None
+
+        return hook
+
+    def _send(self, node: Any, outs: tuple) -> None:
+        """Remember which events went to which Node's input slot."""
+        events = self.tracer.events
+        for (nxt, slot), o in zip(node.next_functions, outs):
+            if nxt is None or not isinstance(o, torch.Tensor) or not is_float(o):
+                continue
+            ev = events.get(key(o))
+            if ev is not None:
+                self.sent.setdefault((id(nxt), slot), []).append(ev)
+
+    def _sum(self, node: Any, g: torch.Tensor, sent: list[Event]) -> Event:
+        nan = bool(torch.isnan(g).any())
+        inputs = [(e.out, e) for e in sent]
+        ev = Event("backward", "aten.add", None, node, g, inputs, nan=nan)
+        ev.nan_new = nan and not any(e.nan for e in sent)
+        return ev
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        tr = self.tracer
+        # the .grad an AccumulateGrad wrote (a copy of what came in, or the same tensor)
+        for node, g in self.accumulate:
+            var = node.variable
+            grad = var.grad
+            if grad is None or not is_float(grad) or key(grad) in tr.events:
+                continue
+            nf = nonfinite(grad)
+            if nf is None:
+                continue
+            prod = tr.events.get(key(g)) or tr.fwd.get(key(g))
+            if prod is None:
+                continue
+            tr.events[key(grad)] = Event(
+                "backward", "aten.copy_", None, node, grad, [(g, prod)], nan=nf
+            )
+            tr.leaves.setdefault(id(var), var)
+        self.accumulate = []
