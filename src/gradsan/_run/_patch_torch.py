@@ -71,8 +71,10 @@ def _leaves_of(roots: list) -> list:
 def patch_torch(hooks: Hooks, torch: Any) -> None:
     """Check the gradients after every ``Tensor.backward`` and ``torch.autograd.grad`` (undone
     by hooks.uninstall)."""
+    from ..torch._amp import RunWatch
     from ..torch._guard import finite
 
+    amp = RunWatch(hooks).install()  # gradsan.torch._amp: GradScaler steps decide their own
     orig_backward = torch.Tensor.backward
     orig_grad = torch.autograd.grad
     if hooks.enabled:
@@ -82,6 +84,8 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
         from ..torch import sanitize as torch_sanitize
 
         bad = not finite(grads, extra)
+        if bad and amp.deferred(call, leaves, extra):  # a GradScaler step: its scaler decides
+            bad = False
         session, hooks.session = hooks.session, None
         report = None
         if session is not None:

@@ -15,7 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
-from . import _compat
+from . import _amp, _compat
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._mode import all_finite, tensors_in
 
@@ -187,6 +187,8 @@ class guard:
         mods, self.opts = _discover(step) if step is not None else ([], [])
         self.modules += [(m, n) for m, n in mods if all(m is not x for x, _ in self.modules)]
         self._ctx: list[Any] = []
+        self.notes: list[str] = []  # gradsan.torch._amp: steps a GradScaler skipped
+        self._amp = _amp.GuardWatch()
 
     # -- the guarded step -----------------------------------------------------------------------
     def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -217,7 +219,8 @@ class guard:
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         check = _StepCheck()
         out = None
-        with check:
+        self._amp = amp = _amp.GuardWatch()  # gradsan.torch._amp: GradScaler steps
+        with check, amp:
             try:
                 out = self.step(*args, **kwargs)
             except _Abort:
@@ -226,6 +229,9 @@ class guard:
             losses = [t for t in _returned_losses(out)]
             grads = [] if check.checked else _grads(self._watched(args, kwargs))
             if finite(grads, losses):
+                return out
+            if amp.ignorable():  # gradsan.torch._amp: the GradScaler skipped this step
+                self.notes = amp.notes()
                 return out
         self._replay(args, kwargs, rng, cuda_rng)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -246,8 +252,14 @@ class guard:
         tracer = session.tracer
         assert tracer is not None
         out = None
+        report.notes.extend(self._amp.report_notes())  # gradsan.torch._amp
         try:
-            with _eager(), _StepCheck(replaying=True), warnings.catch_warnings():
+            with (
+                _eager(),
+                _StepCheck(replaying=True),
+                warnings.catch_warnings(),
+                self._amp.replaying(),
+            ):
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
                 try:
                     out = self.step(*args, **kwargs)  # type: ignore[misc]  # checked in __call__
