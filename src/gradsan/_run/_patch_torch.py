@@ -72,9 +72,11 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
     """Check the gradients after every ``Tensor.backward`` and ``torch.autograd.grad`` (undone
     by hooks.uninstall)."""
     from ..torch._amp import RunWatch
+    from ..torch._distributed import RunDist
     from ..torch._guard import finite
 
     amp = RunWatch(hooks).install()  # gradsan.torch._amp: GradScaler steps decide their own
+    RunDist(hooks).install()  # gradsan.torch._distributed: DDP ranks, checked before all-reduce
     orig_backward = torch.Tensor.backward
     orig_grad = torch.autograd.grad
     if hooks.enabled:

@@ -15,7 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
-from . import _amp, _compat
+from . import _amp, _compat, _distributed
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._mode import all_finite, tensors_in
 
@@ -189,6 +189,8 @@ class guard:
         self._ctx: list[Any] = []
         self.notes: list[str] = []  # gradsan.torch._amp: steps a GradScaler skipped
         self._amp = _amp.GuardWatch()
+        self._dist_notes: list[str] = []  # gradsan.torch._distributed: DDP ranks
+        _distributed.attach_in(self.modules)  # gradsan.torch._distributed: check before all-reduce
 
     # -- the guarded step -----------------------------------------------------------------------
     def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -233,6 +235,8 @@ class guard:
             if amp.ignorable():  # gradsan.torch._amp: the GradScaler skipped this step
                 self.notes = amp.notes()
                 return out
+        # gradsan.torch._distributed: a DDP rank that only received the NaN raises here
+        self._dist_notes = _distributed.guard_verdict(self.modules, self._watched(args, kwargs))
         self._replay(args, kwargs, rng, cuda_rng)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -253,12 +257,14 @@ class guard:
         assert tracer is not None
         out = None
         report.notes.extend(self._amp.report_notes())  # gradsan.torch._amp
+        report.notes.extend(self._dist_notes)  # gradsan.torch._distributed
         try:
             with (
                 _eager(),
                 _StepCheck(replaying=True),
                 warnings.catch_warnings(),
-                self._amp.replaying(),
+                self._amp.replaying(),  # gradsan.torch._amp
+                _distributed.local_replay(),  # gradsan.torch._distributed: no all-reduce
             ):
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
                 try:
