@@ -71,12 +71,14 @@ def _leaves_of(roots: list) -> list:
 def patch_torch(hooks: Hooks, torch: Any) -> None:
     """Check the gradients after every ``Tensor.backward`` and ``torch.autograd.grad`` (undone
     by hooks.uninstall)."""
+    from ..torch._accum import RunAccum
     from ..torch._amp import RunWatch
     from ..torch._distributed import RunDist
     from ..torch._guard import finite
 
     amp = RunWatch(hooks).install()  # gradsan.torch._amp: GradScaler steps decide their own
     RunDist(hooks).install()  # gradsan.torch._distributed: DDP ranks, checked before all-reduce
+    RunAccum(hooks).install()  # gradsan.torch._accum: names the micro-batch
     orig_backward = torch.Tensor.backward
     orig_grad = torch.autograd.grad
     if hooks.enabled:

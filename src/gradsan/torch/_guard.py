@@ -15,7 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
-from . import _amp, _compat, _distributed
+from . import _accum, _amp, _compat, _distributed
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._mode import all_finite, tensors_in
 
@@ -265,6 +265,7 @@ class guard:
                 warnings.catch_warnings(),
                 self._amp.replaying(),  # gradsan.torch._amp
                 _distributed.local_replay(),  # gradsan.torch._distributed: no all-reduce
+                _accum.counting(watched) as accum,  # gradsan.torch._accum: the micro-batch
             ):
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
                 try:
@@ -273,6 +274,7 @@ class guard:
                     pass
             if tracer.backward_calls == 0:
                 tracer.losses.extend(_returned_losses(out))
+            report.notes.extend(n for n in [accum.note()] if n)  # gradsan.torch._accum
         finally:
             tracer.__exit__(None, None, None)
             session.tracer = None
