@@ -103,7 +103,7 @@ def test_a_module_with_its_own_comm_hook_is_left_alone(group_of_one):
 def test_verdict_words():
     v = _distributed.Verdict(0, 2, [], {1: ["model.module.0.weight"]})
     (note,) = v.notes()
-    assert "rank 0 of 2" in note and "arrived through the all-reduce from rank 1" in note
+    assert "rank 0 of 2" in note and "arrived through it from rank 1" in note
     assert "`model.module.0.weight`" in note and v.headline() == "DDP all-reduce (from rank 1)"
     v = _distributed.Verdict(0, 2, [], {1: None})
     assert any("rank(s) 1 did not report" in n for n in v.notes())
@@ -187,6 +187,48 @@ def test_gradsan_run_ddp_example_names_rank_1_and_rank_0_does_not_hang(tmp_path)
     err0 = r0.stderr
     assert "the 3rd backward call, on rank 0, at" in err0
     assert "DDP all-reduce (from rank 1)" in err0 and "re-running the script" not in err0
-    assert "arrived through the all-reduce from rank 1" in err0 and "`net.2.bias`" in err0
+    assert "arrived through it from rank 1" in err0 and "`net.2.bias`" in err0
     assert "? at None" not in err0 + err1 and "did not reproduce" not in err0 + err1
     assert r0.stdout.splitlines()[-1] == "rank 0 step 1 loss 0.0535"  # stopped before the update
+
+
+FSDP_SCRIPT = """
+import os
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+fully_shard(net[0])
+fully_shard(net)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+gen = torch.Generator().manual_seed(rank)
+for step in range(4):
+    x = torch.rand(4, 8, generator=gen)
+    if rank == 1 and step == 2:
+        x[0, 0] = -1.0
+    x = torch.sqrt(x)  # L:sqrt
+    opt.zero_grad()
+    loss = net(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    print(f"rank {rank} step {step}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_gradsan_run_fsdp2_names_rank_1_and_rank_0_does_not_hang(tmp_path):
+    script = tmp_path / "fsdp.py"
+    script.write_text(textwrap.dedent(FSDP_SCRIPT))
+    r0, r1 = _launch([sys.executable, "-m", "gradsan", "run", str(script)], tmp_path)
+    assert r0.returncode == 3 and r1.returncode == 3, (r0.stderr, r1.stderr)
+    assert "the 3rd backward call, on rank 1, at" in r1.stderr
+    assert f"sqrt at {script.name}:{line_of(script, 'L:sqrt')} (<module>)" in r1.stderr
+    assert "the 3rd backward call, on rank 0, at" in r0.stderr
+    assert "FSDP reduce-scatter (from rank 1)" in r0.stderr
+    assert "finite before FSDP's reduce-scatter" in r0.stderr and "`net.0.weight`" in r0.stderr
+    assert "? at None" not in r0.stderr + r1.stderr
+    assert r0.stdout.splitlines()[-1] == "rank 0 step 1"

@@ -73,7 +73,7 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
     by hooks.uninstall)."""
     from ..torch._accum import RunAccum
     from ..torch._amp import RunWatch
-    from ..torch._distributed import RunDist
+    from ..torch._distributed import RunDist, real_leaves
     from ..torch._guard import finite
 
     amp = RunWatch(hooks).install()  # gradsan.torch._amp: GradScaler steps decide their own
@@ -146,6 +146,7 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
             if inputs is not None
             else (_leaves_of([self]) if checking else [])
         )
+        leaves = real_leaves(leaves)  # gradsan.torch._distributed: FSDP2's sharded parameters
         hooks.in_backward = True
         try:
             result = orig_backward(self, gradient, retain_graph, create_graph, inputs)

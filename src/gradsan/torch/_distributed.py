@@ -63,6 +63,9 @@ class _State:
                 pos += n
         return out
 
+    def local_bad_names(self, name: Callable[[torch.Tensor], str]) -> list[str]:
+        return [name(p) for p in self.local_bad()]
+
 
 _STATES: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 _COUNT = [0]
@@ -121,6 +124,97 @@ def states_of(modules: list[tuple[Any, str]] | None = None) -> list[_State]:
     return [s for s in (_STATES.get(m) for m, _ in modules) if s is not None]
 
 
+# ---- FSDP2 ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class _FsdpState:
+    """One FSDP2 parameter group (a ``fully_shard`` unit): its local, pre-reduce-scatter check."""
+
+    group: Any  # weakref to the FSDPParamGroup
+    ident: int
+    backwards: int = 0  # reduce-scatters seen: lockstep across ranks
+    ok: Any = None  # tensor: the last local input was finite
+
+    def local_bad_names(self, name: Callable[[torch.Tensor], str]) -> list[str]:
+        g = self.group()
+        if g is None or self.ok is None or bool(self.ok.item()):
+            return []
+        out = []
+        for fp in g.fsdp_params:
+            n = name(fp.sharded_param)
+            out.append(fp._param_fqn or n if n.startswith("tensor of shape") else n)
+        return out
+
+
+_FSDP: list[_FsdpState] = []
+
+
+def _checked_reduce_scatter(inner: Any, st: _FsdpState) -> Any:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+    class Checked(ReduceScatter):
+        """The group's reduce-scatter, after a look at this rank's local gradients."""
+
+        def allocate(self, *args: Any, **kwargs: Any) -> Any:
+            return inner.allocate(*args, **kwargs)
+
+        def __call__(
+            self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False
+        ) -> Any:
+            st.backwards += 1
+            if input_tensor.is_floating_point() and input_tensor.numel():
+                st.ok = torch.isfinite(input_tensor).all()
+            return inner(output_tensor, input_tensor, group, op, async_op)
+
+    return Checked()
+
+
+def _fsdp_group_cls() -> Any:
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:  # pragma: no cover - another torch
+        return None
+    return FSDPParamGroup
+
+
+def watch_fsdp(setter: Callable[[Any, str, Any], None]) -> None:
+    """Wrap each new FSDP2 parameter group's reduce-scatter with the local check."""
+    cls = _fsdp_group_cls()
+    if cls is None:
+        return
+    orig_init = cls.__init__
+
+    def __init__(group: Any, *args: Any, **kwargs: Any) -> None:
+        orig_init(group, *args, **kwargs)
+        st = _FsdpState(weakref.ref(group), len(_FSDP) + 1)
+        group._reduce_scatter_comm = _checked_reduce_scatter(group._reduce_scatter_comm, st)
+        _FSDP.append(st)
+
+    setter(cls, "__init__", __init__)
+
+
+def real_leaves(leaves: list) -> list:
+    """FSDP2's autograd graph ends at the unsharded parameters, which it frees after the
+    reduce-scatter: check (and name) the sharded parameters that hold the gradients."""
+    if not _FSDP:
+        return leaves
+    real: dict[int, Any] = {}
+    for st in _FSDP:
+        g = st.group()
+        for fp in g.fsdp_params if g is not None else ():
+            u = getattr(fp, "_unsharded_param", None)
+            if u is not None:
+                real[id(u)] = fp.sharded_param
+    out, seen = [], set()
+    for t in leaves:
+        r = real.get(id(t), t)
+        if id(r) not in seen:
+            seen.add(id(r))
+            out.append(r)
+    return out
+
+
 # ---- comparing notes across ranks -------------------------------------------------------------
 
 
@@ -132,6 +226,9 @@ class Verdict:
     world: int
     mine: list[str]  # this rank's parameters with non-finite local gradients
     others: dict[int, list[str] | None]  # rank -> its list; None: no answer in time
+    comm: str = "DDP's all-reduce"  # or "FSDP's reduce-scatter"
+    # DDP names the first non-finite gradient of each bucket; FSDP the parameters of the unit
+    which: str = "first"
 
     @property
     def local(self) -> bool:
@@ -148,8 +245,8 @@ class Verdict:
         if self.local:
             names = _names(self.mine)
             text = (
-                f"{who}: this rank's own local gradients were non-finite before DDP's all-reduce "
-                f"(first {names}), which carried them to every rank"
+                f"{who}: this rank's own local gradients were non-finite before {self.comm} "
+                f"({self.which} {names}), which carried them to every rank"
             )
             if self.sources:
                 text += f"; rank(s) {', '.join(map(str, self.sources))} had non-finite ones too"
@@ -157,14 +254,14 @@ class Verdict:
         elif self.sources:
             k = self.sources[0]
             out.append(
-                f"{who}: this rank's own gradients were finite before DDP's all-reduce; the "
-                f"NaN/Inf arrived through the all-reduce from rank {k} (its local gradients were "
-                f"non-finite, first {_names(self.others[k] or [])}): rank {k}'s report says where "
-                "it was born"
+                f"{who}: this rank's own gradients were finite before {self.comm}; the NaN/Inf "
+                f"arrived through it from rank {k} (its local gradients were non-finite, "
+                f"{self.which} {_names(self.others[k] or [])}): rank {k}'s report says where it "
+                "was born"
             )
         elif not silent:
             out.append(
-                f"{who}: no rank's local gradients were non-finite before the all-reduce: the "
+                f"{who}: no rank's local gradients were non-finite before {self.comm}: the "
                 "reduction itself (an overflow in the sum, or a comm hook) made the NaN/Inf"
             )
         if silent:
@@ -176,9 +273,10 @@ class Verdict:
 
     def headline(self) -> str:
         """The op to name on a rank that only received the NaN."""
+        op = "FSDP reduce-scatter" if self.comm.startswith("FSDP") else "DDP all-reduce"
         if self.sources:
-            return f"DDP all-reduce (from rank {self.sources[0]})"
-        return "DDP all-reduce"
+            return f"{op} (from rank {self.sources[0]})"
+        return op
 
 
 def _names(names: list[str]) -> str:
@@ -192,7 +290,7 @@ def _store() -> Any:
     return distributed_c10d._get_default_store()
 
 
-def exchange(states: list[_State], name: Callable[[torch.Tensor], str]) -> Verdict | None:
+def exchange(states: list[Any], name: Callable[[torch.Tensor], str]) -> Verdict | None:
     """Tell the other ranks which local gradients of this rank were non-finite, and hear
     theirs (through the store, each wait bounded by ``TIMEOUT_S``). None when no DDP module
     with gradsan's hook ran a backward."""
@@ -200,7 +298,7 @@ def exchange(states: list[_State], name: Callable[[torch.Tensor], str]) -> Verdi
     if not states or not dist.is_initialized():
         return None
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = [name(p) for s in states for p in s.local_bad()]
+    mine = [n for s in states for n in s.local_bad_names(name)]
     tag = "gradsan/" + "/".join(f"{s.ident}.{s.backwards}" for s in states)
     others: dict[int, list[str] | None] = {}
     try:
@@ -216,6 +314,8 @@ def exchange(states: list[_State], name: Callable[[torch.Tensor], str]) -> Verdi
                 others[k] = None
     except (RuntimeError, ValueError, dist.DistError):
         others = {k: None for k in range(world) if k != rank}
+    if all(isinstance(s, _FsdpState) for s in states):
+        return Verdict(rank, world, mine, others, "FSDP's reduce-scatter", "in")
     return Verdict(rank, world, mine, others)
 
 
@@ -276,6 +376,7 @@ class RunDist:
 
     def install(self) -> RunDist:
         hooks = self.hooks
+        watch_fsdp(hooks.set)
         if hooks.replay_step is not None:
             self._install_child()
         else:
@@ -349,11 +450,11 @@ class RunDist:
         if self.hooks.replay_step is not None:  # the re-run child of one rank
             if self.rank is not None and f.report is not None:
                 f.report.notes.append(
-                    f"rank {self.rank} of {self.world}, re-run alone: DDP's all-reduce was left "
-                    "out, so these are this rank's local gradients"
+                    f"rank {self.rank} of {self.world}, re-run alone (a process group of one, "
+                    "DDP's all-reduce left out): these are this rank's local gradients"
                 )
             return
-        states = states_of()
+        states = states_of() + [st for st in _FSDP if st.group() is not None]
         if not states:
             return
         import sys
