@@ -144,3 +144,37 @@ def test_gradsan_run_stops_when_the_scale_collapses(tmp_path):
     assert f"log at {EXAMPLE}:{log_line} (main)" in r.stderr
     assert "loss scaled by a GradScaler" in r.stderr
     assert "not an error" not in r.stderr
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def test_autocast_bf16_inf_is_blamed_on_its_op_not_the_input():
+    model = _mlp()
+    x = torch.randn(4, 8)
+    with gst.explain(module=model) as report:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = model(x * 3e38)  # L:overflow
+            loss = h.float().sum()
+        loss.backward()
+    assert not report.ok
+    assert all(f.catalog_id != "nonfinite-input" for f in report.findings)
+    (f,) = report.findings
+    assert f.primitive == "mul" and f.where.line == line_of("L:overflow")
+    assert "model.0.weight" in [o.path for o in f.outputs]
+
+
+def test_autocast_fp16_cast_overflow_is_named_with_the_dtype():
+    model = _mlp()
+    x = torch.randn(4, 8)
+    with gst.explain(module=model) as report:
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = model(x * 1e5)  # L:cast
+            loss = h.float().sum()
+        loss.backward()
+    assert all(f.catalog_id != "nonfinite-input" for f in report.findings)
+    (cast,) = [f for f in report.findings if f.primitive == "autocast cast to float16"]
+    assert cast.where.line == line_of("L:cast")
+    assert [o.path for o in cast.outputs] == ["model.0.weight"]

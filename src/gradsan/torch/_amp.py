@@ -527,3 +527,46 @@ def _user_frame(f: Any) -> Any:
     while f is not None and not is_user_file(f.f_code.co_filename):
         f = f.f_back
     return f
+
+
+# ---- autocast ----------------------------------------------------------------------------------
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def cast_source(tracer: Any, a: torch.Tensor, node: Any) -> Any:
+    """A non-finite float16/bfloat16 tensor that a backward op read and that no traced op
+    produced: under autocast it is the cast autocast made of an operand, inside the op (below
+    the torch-function layer the tracer sees). The cast as an event: from the traced float32
+    tensor it copies when that one was non-finite already (the NaN/Inf is that op's, not "in
+    the input"), else the cast's own overflow into the autocast dtype. None when ``a`` is not
+    such a cast."""
+    if a.dtype not in _HALF:
+        return None
+    from ._mode import Event, Tag, _tag_of, is_float, nonfinite
+
+    consumer = _tag_of(node)
+    if consumer is None:
+        return None  # an op the forward did not see: not under the user's autocast block
+    nan = nonfinite(a)
+    if nan is None:
+        return None
+    src = None
+    bad = ~torch.isfinite(a)
+    for ev in list(tracer.fwd.values()):
+        o = ev.out
+        if o.shape != a.shape or o.dtype == a.dtype or not is_float(o):
+            continue
+        with torch.no_grad():
+            if torch.equal(~torch.isfinite(o), bad) and torch.equal(
+                torch.nan_to_num(o.to(a.dtype)), torch.nan_to_num(a)
+            ):
+                src = ev
+                break
+    name = f"autocast cast to {str(a.dtype).replace('torch.', '')}"
+    tag = Tag(name, None, consumer.frame, None, (), {}, consumer.module, "torch.autocast")
+    if src is not None:
+        return Event("forward", name, tag, None, a, [(src.out, src)], nan=bool(nan))
+    ev = Event("forward", name, tag, None, a, [], nan=bool(nan))
+    ev.nan_new = bool(nan)
+    return ev
