@@ -13,8 +13,10 @@ part cannot hang the others):
 - the other ranks say the NaN/Inf arrived through the all-reduce from rank k, and which
   parameter of rank k was hit, without a replay.
 
-FSDP2 (``fully_shard``) reduce-scatters inside its own post-backward hooks, which have no
-comm hook for a local check: :func:`note_fsdp` says so in one line.
+FSDP2 (``fully_shard``, under ``gradsan run``): each unit's reduce-scatter is wrapped the
+same way (one ``isfinite`` over the unit's local gradients), and the check after backward
+reads the sharded parameters' gradients (FSDP frees the unsharded parameters its autograd
+graph ends at). guard does not handle FSDP2 yet.
 """
 
 from __future__ import annotations
@@ -477,23 +479,6 @@ class RunDist:
         where = frame_of(frame) if frame is not None else None
         f.report = remote_report(verdict, hits, where, f.report.function)
         f.traced = True  # the report is complete: this rank's own step was finite
-
-
-def note_fsdp(modules: list[tuple[Any, str]]) -> str | None:
-    """One line when a module is sharded by FSDP2: its gradients are checked after the
-    reduce-scatter only."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover
-        return None
-    for m, _ in modules:
-        for sub in m.modules():
-            if isinstance(sub, FSDPModule):
-                return (
-                    "FSDP2 (fully_shard) reduce-scatters the gradients inside its own hooks: "
-                    "gradsan checks them after the reduction and cannot name the rank"
-                )
-    return None
 
 
 # ---- guard ------------------------------------------------------------------------------------------
