@@ -232,3 +232,54 @@ def test_gradsan_run_fsdp2_names_rank_1_and_rank_0_does_not_hang(tmp_path):
     assert "finite before FSDP's reduce-scatter" in r0.stderr and "`net.0.weight`" in r0.stderr
     assert "? at None" not in r0.stderr + r1.stderr
     assert r0.stdout.splitlines()[-1] == "rank 0 step 1"
+
+
+GUARD_FSDP_WORKER = """
+import json, os
+import torch, torch.distributed as dist
+import gradsan, gradsan.torch as gst
+from torch.distributed.fsdp import fully_shard
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+fully_shard(net[0])
+fully_shard(net)
+opt = torch.optim.SGD(net.parameters(), lr=0.01)
+
+def step(x):
+    opt.zero_grad()
+    loss = net(torch.log(x)).pow(2).mean()
+    loss.backward()
+    opt.step()
+
+guarded = gst.guard(step, module=net)
+gen = torch.Generator().manual_seed(rank)
+out = {"rank": rank}
+try:
+    for i in range(4):
+        x = torch.rand(4, 8, generator=gen) + 0.1
+        if rank == 1 and i == 2:
+            x[0, 0] = -1.0
+        guarded(x)
+except gradsan.NonFiniteError as e:
+    out.update(step=i, primitive=e.report.findings[0].primitive, notes=e.report.notes)
+json.dump(out, open(f"out{rank}.json", "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_guard_fsdp2_names_rank_1_without_a_replay_and_does_not_hang(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(GUARD_FSDP_WORKER))
+    for r in _launch([sys.executable, str(script)], tmp_path):
+        assert r.returncode == 0, r.stderr
+    r0, r1 = (json.loads((tmp_path / f"out{k}.json").read_text()) for k in (0, 1))
+    assert r0["step"] == 2 and r1["step"] == 2
+    assert r0["primitive"] == "FSDP reduce-scatter (from rank 1)"
+    assert "finite before FSDP's reduce-scatter" in r0["notes"][0]
+    assert r1["primitive"] == "this rank's backward (rank 1, not replayed)"
+    assert "rank 1 of 2" in r1["notes"][0] and "`net.0.weight`" in r1["notes"][0]
+    assert any("under `gradsan run`" in n for n in r1["notes"])

@@ -16,7 +16,9 @@ part cannot hang the others):
 FSDP2 (``fully_shard``, under ``gradsan run``): each unit's reduce-scatter is wrapped the
 same way (one ``isfinite`` over the unit's local gradients), and the check after backward
 reads the sharded parameters' gradients (FSDP frees the unsharded parameters its autograd
-graph ends at). guard does not handle FSDP2 yet.
+graph ends at). guard on FSDP2 modules compares notes the same way but does not replay the
+step (its all-gathers would wait for the other ranks, and a DTensor's finiteness check is a
+collective): it says which rank made the NaN and points to ``gradsan run``.
 """
 
 from __future__ import annotations
@@ -114,10 +116,12 @@ def attach(ddp: Any) -> _State | None:
 
 
 def attach_in(modules: list[tuple[Any, str]]) -> None:
-    """guard: attach to the DDP modules among the step's modules."""
+    """guard: attach to the DDP modules and the FSDP2 units among the step's modules."""
     for m, _ in modules:
         if isinstance(m, _DDP):
             attach(m)
+        for g in _fsdp_groups(m):
+            _watch_group(g)
 
 
 def states_of(modules: list[tuple[Any, str]] | None = None) -> list[_State]:
@@ -189,11 +193,33 @@ def watch_fsdp(setter: Callable[[Any, str, Any], None]) -> None:
 
     def __init__(group: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(group, *args, **kwargs)
-        st = _FsdpState(weakref.ref(group), len(_FSDP) + 1)
-        group._reduce_scatter_comm = _checked_reduce_scatter(group._reduce_scatter_comm, st)
-        _FSDP.append(st)
+        _watch_group(group)
 
     setter(cls, "__init__", __init__)
+
+
+def _watch_group(group: Any) -> _FsdpState:
+    st = getattr(group, "_gradsan_state", None)
+    if st is None:
+        st = _FsdpState(weakref.ref(group), len(_FSDP) + 1)
+        group._reduce_scatter_comm = _checked_reduce_scatter(group._reduce_scatter_comm, st)
+        group._gradsan_state = st
+        _FSDP.append(st)
+    return st
+
+
+def _fsdp_groups(module: Any) -> list[Any]:
+    """The FSDP2 parameter groups of ``module`` and its submodules."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - another torch
+        return []
+    out: list[Any] = []
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            state = sub._get_fsdp_state()
+            out += [g for g in getattr(state, "_fsdp_param_groups", ()) if g not in out]
+    return out
 
 
 def real_leaves(leaves: list) -> list:
@@ -489,7 +515,9 @@ def guard_verdict(modules: list[tuple[Any, str]], watched: list[torch.Tensor]) -
     ranks. A rank that only received the NaN raises its report here (no replay: the other
     ranks are not replaying, a replay through DDP's all-reduce would wait for them); the rank
     that made it gets the notes for its replay, which runs without DDP's all-reduce."""
-    states = states_of(modules)
+    groups = [g for m, _ in modules for g in _fsdp_groups(m)]
+    fsdp = [g._gradsan_state for g in groups if getattr(g, "_gradsan_state", None) is not None]
+    states = states_of(modules) + fsdp
     if not states:
         return []
     from .._errors import NonFiniteError
@@ -502,11 +530,26 @@ def guard_verdict(modules: list[tuple[Any, str]], watched: list[torch.Tensor]) -
     verdict = exchange(states, namer.name)
     if verdict is None:
         return []
-    if verdict.local:
+    if verdict.local and not groups:
         return [*verdict.notes(), "the replay ran without DDP's all-reduce (this rank alone)"]
     hits = [
-        output_hit(namer.name(p), p.grad)
-        for p in watched
-        if p.grad is not None and not all_finite(p.grad)
+        output_hit(namer.name(p), g)
+        for p, g in ((p, _local(p.grad)) for p in watched if p.grad is not None)
+        if not all_finite(g)
     ]
-    raise NonFiniteError(remote_report(verdict, hits, user_frame(3), "step"))
+    if not verdict.local:
+        raise NonFiniteError(remote_report(verdict, hits, user_frame(3), "step"))
+    report = remote_report(verdict, hits, user_frame(3), "step")
+    report.findings[0].primitive = f"this rank's backward (rank {verdict.rank}, not replayed)"
+    report.notes.append(
+        "guard does not replay a step of FSDP2-sharded modules (its all-gathers would wait for "
+        "the other ranks): run the script under `gradsan run`, which re-runs this rank alone, "
+        "for the operation and line"
+    )
+    raise NonFiniteError(report)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a check of the DTensor itself would be a collective)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
