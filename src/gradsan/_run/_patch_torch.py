@@ -71,9 +71,15 @@ def _leaves_of(roots: list) -> list:
 def patch_torch(hooks: Hooks, torch: Any) -> None:
     """Check the gradients after every ``Tensor.backward`` and ``torch.autograd.grad`` (undone
     by hooks.uninstall)."""
+    from ..torch._accum import RunAccum
+    from ..torch._amp import RunWatch
     from ..torch._compat import compiling, in_functorch
+    from ..torch._distributed import RunDist, real_leaves
     from ..torch._guard import finite
 
+    amp = RunWatch(hooks).install()  # gradsan.torch._amp: GradScaler steps decide their own
+    RunDist(hooks).install()  # gradsan.torch._distributed: DDP ranks, checked before all-reduce
+    RunAccum(hooks).install()  # gradsan.torch._accum: names the micro-batch
     orig_backward = torch.Tensor.backward
     orig_grad = torch.autograd.grad
     if hooks.enabled:
@@ -83,6 +89,8 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
         from ..torch import sanitize as torch_sanitize
 
         bad = not finite(grads, extra)
+        if bad and amp.deferred(call, leaves, extra):  # a GradScaler step: its scaler decides
+            bad = False
         session, hooks.session = hooks.session, None
         report = None
         if session is not None:
@@ -139,6 +147,7 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
             if inputs is not None
             else (_leaves_of([self]) if checking else [])
         )
+        leaves = real_leaves(leaves)  # gradsan.torch._distributed: FSDP2's sharded parameters
         hooks.in_backward = True
         try:
             result = orig_backward(self, gradient, retain_graph, create_graph, inputs)

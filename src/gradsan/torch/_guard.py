@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
-from . import _compat, _replay
+from . import _accum, _amp, _compat, _distributed, _replay
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._func import GradCheck
 from ._mode import all_finite, tensors_in
@@ -205,6 +205,10 @@ class guard:
         self._bindings = _replay.Bindings(step) if step is not None else _replay.Bindings(None)
         # several optimizers step in one call: keep the earlier ones' parameters for the replay
         self._several = len(self.opts) >= 2
+        self.notes: list[str] = []  # gradsan.torch._amp: steps a GradScaler skipped
+        self._amp = _amp.GuardWatch()
+        self._dist_notes: list[str] = []  # gradsan.torch._distributed: DDP ranks
+        _distributed.attach_in(self.modules)  # gradsan.torch._distributed: check before all-reduce
         self._func_check = GradCheck(_Abort)  # torch.func's gradients, checked when returned
 
     # -- the guarded step -----------------------------------------------------------------------
@@ -240,7 +244,8 @@ class guard:
         taps: list[_replay.Tap] = []
         args, kwargs = _replay.tap_args(args, kwargs, taps)
         out = None
-        with check, func, self._bindings.tapped(taps):
+        self._amp = amp = _amp.GuardWatch()  # gradsan.torch._amp: GradScaler steps
+        with check, func, self._bindings.tapped(taps), amp:
             try:
                 out = self.step(*args, **kwargs)
             except _Abort:
@@ -252,6 +257,11 @@ class guard:
             grads = [] if check.checked else _grads(self._watched(args, kwargs))
             if finite(grads, losses):
                 return out
+            if amp.ignorable():  # gradsan.torch._amp: the GradScaler skipped this step
+                self.notes = amp.notes()
+                return out
+        # gradsan.torch._distributed: a DDP rank that only received the NaN raises here
+        self._dist_notes = _distributed.guard_verdict(self.modules, self._watched(args, kwargs))
         self._replay(args, kwargs, rng, cuda_rng, check)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -294,12 +304,17 @@ class guard:
         assert tracer is not None
         tracer.node_level = True  # type: ignore[attr-defined]  # see _nodes.py
         out = None
+        report.notes.extend(self._amp.report_notes())  # gradsan.torch._amp
+        report.notes.extend(self._dist_notes)  # gradsan.torch._distributed
         problem: str | None = None
         args, kwargs = _replay.replay_args(args, kwargs)
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_eager())
                 stack.enter_context(warnings.catch_warnings())
+                stack.enter_context(self._amp.replaying())  # gradsan.torch._amp
+                stack.enter_context(_distributed.local_replay())  # gradsan.torch._distributed
+                accum = stack.enter_context(_accum.counting(watched))  # gradsan.torch._accum
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
                 stack.enter_context(_replay.no_updates(self._optimizers(check)))
                 stop = stack.enter_context(_StepCheck(replaying=True))
@@ -319,6 +334,7 @@ class guard:
                     )
             if tracer.backward_calls == 0:
                 tracer.losses.extend(_returned_losses(out))
+            report.notes.extend(n for n in [accum.note()] if n)  # gradsan.torch._accum
         finally:
             tracer.__exit__(None, None, None)
             session.tracer = None

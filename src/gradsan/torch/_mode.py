@@ -446,7 +446,14 @@ class Tracer:
                 a_nan = nonfinite(a)
                 if a_nan is None:
                     continue
-                inputs.append((a, self.fwd.get(ka) or self._saved(a, ka, a_nan, node)))
+                inputs.append(
+                    (
+                        a,
+                        self.fwd.get(ka)
+                        or _cast_source(self, a, node)
+                        or self._saved(a, ka, a_nan, node),
+                    )
+                )
                 has_nan_in = has_nan_in or a_nan
             name = _aten_name(func)
             ev = Event("backward", name, _tag_of(node), node, o, inputs, nan=nan)
@@ -778,3 +785,10 @@ def dispatch_mode(tracer: Tracer) -> _DispatchMode:
 
 
 _current_node = _compat.current_autograd_node
+
+
+def _cast_source(tracer: Tracer, a: torch.Tensor, node: Any) -> Any:
+    """autocast's casts, which the tracer does not see: gradsan.torch._amp."""
+    from ._amp import cast_source
+
+    return cast_source(tracer, a, node)
