@@ -29,8 +29,13 @@ _OVERWRITE = {"copy_", "fill_", "zero_", "resize_", "set_", "normal_", "uniform_
 
 
 def key(t: torch.Tensor) -> Key:
-    """The identity of a tensor's values: survives ``detach`` and re-wrapping."""
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    """The identity of a tensor's values: survives ``detach`` and re-wrapping. A tensor without
+    storage (a torch.func wrapper) is identified by the object itself."""
+    try:
+        ptr = t.data_ptr()
+    except RuntimeError:
+        return ("object", id(t))
+    return (ptr, t.shape, t.stride(), t.dtype, t.device)
 
 
 def is_float(t: torch.Tensor) -> bool:

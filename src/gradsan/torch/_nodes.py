@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ._mode import Event, External, Tracer, dispatch_mode, is_float, key, nonfinite
+from ._zero import record_backward
 
 
 def _classify(t: torch.Tensor, total: float, nan_in: bool = False) -> bool | None:
@@ -121,6 +122,8 @@ class NodeHooks:
                 k = key(o)
                 if k not in passed:  # a gradient passed on as it is keeps its owner
                     tr.owner[k] = node
+                    if k not in tr.zero_bwd:  # where an exact zero was made (the zero's end)
+                        record_backward(tr, node.name(), node, grad_outputs, {}, o)
             # an output an inner trace already explains (a backward the Node ran inside itself,
             # as reentrant checkpoint does) keeps its event
             floats = [o for o in floats if key(o) not in tr.events]
