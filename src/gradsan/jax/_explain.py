@@ -755,7 +755,7 @@ def diagnose(
     call = flatten_call(fun, args, kwargs, trace_fun)
     labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
     check_args(leaves, labels, who)
-    flat_args = call.flat
+    labels, flat_args = call.labels, call.flat
 
     traced = trace_call(call, who)
     interp = Provenance()

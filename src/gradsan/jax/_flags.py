@@ -35,6 +35,11 @@ def finite_flag(out: Any) -> jax.Array:
     return jnp.array(True) if total is None else jnp.isfinite(total)
 
 
+def float_leaves(out: Any) -> list:
+    """The float array leaves of ``out`` (strings, Python metrics and functions left out)."""
+    return [x for x in jax.tree_util.tree_leaves(out) if _inexact(x)]
+
+
 separate_flag = jax.jit(finite_flag)
 """``finite_flag`` as its own small program, for outputs already computed."""
 
@@ -47,7 +52,7 @@ def host_flag(out: Any) -> bool:
         isinstance(x, jax.Array) and all(d.platform == "cpu" for d in x.devices()) for x in leaves
     ):
         return all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves)
-    return bool(separate_flag(out))
+    return bool(separate_flag(leaves))
 
 
 def nonfinite_leaves(tree: Any) -> list[tuple[str, Any]]:

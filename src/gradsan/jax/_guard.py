@@ -16,11 +16,25 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._errors import NonFiniteError
+from .._errors import NonFiniteError, UsageError
 from .._report import OutputHit, Report
 from ._call import check_callable
 from ._explain import diagnose
-from ._flags import finite_flag, host_flag, nonfinite_leaves, separate_flag
+from ._flags import finite_flag, float_leaves, host_flag, nonfinite_leaves, separate_flag
+
+_INSIDE = (
+    "gradsan.jax.guard was called inside a JAX transformation (jit, vmap, grad, scan ...) or "
+    "on a function closing over a value traced by one: its outputs are tracers, so there is "
+    "no value to check. Guard the transformed function from outside: "
+    "gradsan.jax.guard(jax.jit(step))(params, batch)"
+)
+
+
+def _decided(ok: Any) -> bool:
+    """The host value of a flag; a clear error when it is a tracer (guard inside a trace)."""
+    if isinstance(ok, jax.core.Tracer):
+        raise UsageError(_INSIDE)
+    return bool(ok)
 
 
 def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
@@ -51,14 +65,21 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
         return None
 
 
-def _summary_report(fun: Callable, out: Any) -> Report:
+def _bad_outputs(fun: Callable, out: Any) -> Report:
+    """A report that lists the non-finite outputs only (no replay)."""
     report = Report(outputs=out, function=getattr(fun, "__name__", "function"), backend="jax")
     bad = [
         str(OutputHit(path or "output", int((~jnp.isfinite(x)).sum()), int(x.size)))
         for path, x in nonfinite_leaves(out)
     ]
-    report.notes.append(
-        "non-finite outputs: " + ", ".join(bad) + ". The inputs were donated to the step, so "
+    report.notes.append("non-finite outputs: " + ", ".join(bad) + ".")
+    return report
+
+
+def _summary_report(fun: Callable, out: Any) -> Report:
+    report = _bad_outputs(fun, out)
+    report.notes[-1] = report.notes[-1][:-1] + (
+        ". The inputs were donated to the step, so "
         "they could not be replayed: use gradsan.jax.guard(step) without keep_inputs=False, or "
         "run gradsan.jax.explain(step) on a copy of the inputs."
     )
@@ -126,18 +147,20 @@ class Checker:
         fused, state = self.fused, self.state
         if fused is None:
             out = self.fun(*args, **kwargs)
-            return out, bool(separate_flag(out)), None
+            return out, _decided(separate_flag(float_leaves(out))), None
         compiled = state["compiled"]
         if compiled is not None and not state["use_jit"]:
             try:
                 out, ok = compiled(*args, **kwargs)
-                return out, bool(ok), fused
+                return out, _decided(ok), fused
             except (TypeError, ValueError):  # other shapes: jit compiles per signature
                 state["use_jit"] = True
         if state["use_jit"]:
             out, ok = fused(*args, **kwargs)
-            return out, bool(ok), fused
+            return out, _decided(ok), fused
         out = self.plain(*args, **kwargs)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
+            raise UsageError(_INSIDE)
         if state["thread"] is None:
             self._compile_in_background(_abstract(args), _abstract(kwargs))
         return out, host_flag(out), None
@@ -150,7 +173,12 @@ class Checker:
             trace_fun = lambda *a, **k: via(*a, **k)[0]  # noqa: E731
         else:
             trace_fun = self.plain if self.plain is not self.fun else None
-        report = diagnose(self.fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
+        try:
+            report = diagnose(self.fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
+        except UsageError as e:  # a function the replay cannot trace: say why, keep the error
+            report = _bad_outputs(self.fun, out)
+            report.notes.append(f"the call could not be replayed: {e}")
+            return report
         if not report.findings:
             report.notes.append(
                 "the compiled function returned a non-finite value, but the replay through "

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from .. import _catalog
@@ -29,10 +30,19 @@ from .._report import Finding, Frame, Report
 from .._report._build import build
 from .._report._format import format_value
 from . import _compat
-from ._call import check_callable, leaf_owner, random_directions, read_tangents, trace
+from ._call import (
+    check_callable,
+    check_concrete_outputs,
+    check_not_traced,
+    leaf_owner,
+    random_directions,
+    read_tangents,
+    trace,
+)
 from ._compat import bind as _bind
 from ._conventions import convention, trivial_mask
 from ._explain import diagnose
+from ._flags import host_flag
 from ._rules import (
     COMPARISONS,
     call_library,
@@ -495,26 +505,24 @@ def sanitize(
 
     @functools.wraps(fun)
     def sanitized(*args: Any, **kwargs: Any) -> Report:
-        outputs = kinks = bad = None
+        check_not_traced(jax.tree_util.tree_leaves((args, kwargs)), "sanitize")
+        # G0: the outputs are the user's own call; the screen only counts kinks
+        outputs = fun(*args, **kwargs)
+        check_concrete_outputs(outputs, "sanitize")
+        kinks = None
         if screen_ok(fun, args, kwargs):
             try:
-                outputs, kinks, bad = screener(args, kwargs)
+                kinks = screener(args, kwargs)[1]
             except Exception:  # anything the screen cannot trace: the full evaluation says why
-                outputs = None
-        if outputs is not None and not bad:
+                kinks = None
+        if kinks is not None and host_flag(outputs):
             report = Report(
                 outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax"
             )
             if not kinks:
                 return report
         else:
-            report = diagnose(
-                fun,
-                args,
-                kwargs,
-                who="sanitize",
-                **({} if outputs is None else {"outputs": outputs}),
-            )
+            report = diagnose(fun, args, kwargs, who="sanitize", outputs=outputs)
         ign = set(ignore)
         report.findings = [
             f for f in report.findings if f.catalog_id not in ign and f.primitive not in ign
@@ -525,7 +533,7 @@ def sanitize(
         want = {k.key for k in ev.kinks if not k.summarized and k.op in TIES}
         per_dir: list[dict] = []
         if want and directions > 0:
-            owner = leaf_owner(args, kwargs)
+            owner = leaf_owner(args, kwargs, fun)
             dirs = random_directions(flat_args, owner, nums, directions)
             per_dir = kink_tangents(closed, flat_args, want, dirs)
         report.findings.extend(kink_findings(ev, per_dir, tuple(ign)))
