@@ -194,52 +194,75 @@ def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], lis
     return labels, leaves
 
 
+def _grad_kind(fun: Callable) -> tuple[str, Any, bool] | None:
+    """(kind, argnums, has_aux) of ``jax.grad`` / ``jax.value_and_grad`` (read by
+    :func:`_compat.grad_info`) or ``equinox.filter_grad`` / ``filter_value_and_grad`` (their
+    wrapper classes; gradients with respect to the first argument); None for anything else."""
+    info = _compat.grad_info(fun)
+    if info is not None:
+        return info.kind, info.argnums, info.has_aux
+    cls = type(fun)
+    if cls.__module__.startswith("equinox") and cls.__name__ in (
+        "_GradWrapper",
+        "_ValueAndGradWrapper",
+    ):
+        kind = "grad" if cls.__name__ == "_GradWrapper" else "value_and_grad"
+        return kind, 0, bool(getattr(fun, "_has_aux", False))
+    return None
+
+
 def output_labels(
     fun: Callable, out_shape: Any, args: tuple, in_labels: list[str]
 ) -> list[tuple[str, str]]:
-    """(path, kind) of each output leaf. Gradients are named after their argument (kind
-    "grad"), value_and_grad's value is "value", anything else is "output"."""
+    """(path, kind) of each output leaf. Only the output of a gradient transformation (jax's
+    or equinox's) is called a gradient: each leaf after its argument (kind "grad"), the value
+    of value_and_grad "value", its ``has_aux`` part "aux"; anything else (a forward value, a
+    jvp output, a train step's new parameters) is an "output" at its path."""
     tree = jax.tree_util
-    paths = [tree.keystr(p) for p, _ in tree.tree_flatten_with_path(out_shape)[0]]
-    info = _compat.grad_info(fun)
-    value_and_grad = info is not None and info.kind == "value_and_grad"
-    # in_labels are the flattened arguments' names; split them per positional argument
-    starts = [0]
-    for a in args:
-        starts.append(starts[-1] + len(tree.tree_leaves(a)))
-    per_arg = [in_labels[starts[i] : starts[i + 1]] for i in range(len(args))]
+    with_path = tree.tree_flatten_with_path(out_shape)[0]
+    paths = [tree.keystr(p) for p, _ in with_path]
+    plain = [(("output" + p) if p else "output", "output") for p in paths]
+    grad = _grad_kind(fun)
+    if grad is None:
+        return plain
+    kind, argnums, has_aux = grad
+    try:
+        sig = inspect.signature(getattr(fun, "__wrapped__", fun))
+        names = [p.name for p in sig.parameters.values()]
+    except (TypeError, ValueError):
+        names = []
 
-    def same(a: Any, b: Any) -> bool:
-        # jaxlib's stubs declare no PyTreeDef.__eq__; it compares structures
-        return bool(tree.tree_structure(a) == tree.tree_structure(b))  # type: ignore[operator]
+    def arg_name(i: int) -> str:
+        return names[i] if i < len(names) else f"args[{i}]"
 
-    def grads_of(shape) -> list[tuple[str, str]] | None:
-        if args and same(shape, args[0]):
-            return [(lbl, "grad") for lbl in per_arg[0]]
-        if (
-            isinstance(shape, tuple)
-            and 0 < len(shape) <= len(args)
-            and all(same(s, a) for s, a in zip(shape, args))
-        ):  # argnums=(0, 1, ...)
-            return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
-        return None
+    def label(path: tuple) -> tuple[str, str]:
+        # path into the output: locate the gradient part, then the argument
+        rest = list(path)
+        if kind == "value_and_grad":
+            if not rest or getattr(rest[0], "idx", None) is None:
+                return ("output" + tree.keystr(tuple(rest)), "output")
+            head = rest.pop(0).idx
+            if head == 0:
+                if has_aux and rest and getattr(rest[0], "idx", None) in (0, 1):
+                    part = rest.pop(0).idx
+                    return (("value" if part == 0 else "aux") + tree.keystr(tuple(rest)), "value")
+                return ("value" + tree.keystr(tuple(rest)), "value")
+        elif has_aux:
+            if not rest or getattr(rest[0], "idx", None) not in (0, 1):
+                return ("output" + tree.keystr(tuple(rest)), "output")
+            if rest.pop(0).idx == 1:
+                return ("aux" + tree.keystr(tuple(rest)), "value")
+        if isinstance(argnums, int):
+            return (arg_name(argnums) + tree.keystr(tuple(rest)), "grad")
+        if rest and getattr(rest[0], "idx", None) is not None and rest[0].idx < len(argnums):
+            i = argnums[rest.pop(0).idx]
+            return (arg_name(i) + tree.keystr(tuple(rest)), "grad")
+        return ("output" + tree.keystr(tuple(rest)), "output")
 
-    if value_and_grad and isinstance(out_shape, tuple) and len(out_shape) == 2:
-        g = grads_of(out_shape[1])
-        if g is not None:
-            n_val = len(tree.tree_leaves(out_shape[0]))
-            if isinstance(out_shape[0], tuple) and len(out_shape[0]) == 2:  # has_aux
-                vals = [
-                    ("value" + p[6:] if p.startswith("[0][0]") else "aux" + p[6:], "value")
-                    for p in paths[:n_val]
-                ]
-            else:
-                vals = [("value" + p[3:], "value") for p in paths[:n_val]]
-            return vals + g
-    g = grads_of(out_shape)
-    if g is not None and not value_and_grad:
-        return g
-    return [(("output" + p) if p else "output", "output") for p in paths]
+    try:
+        return [label(tuple(p)) for p, _ in with_path]
+    except (AttributeError, IndexError, TypeError):  # pragma: no cover - an unusual layout
+        return plain
 
 
 # -- tracing ------------------------------------------------------------------------------------
