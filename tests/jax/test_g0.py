@@ -191,3 +191,45 @@ def test_nansafe_python_float_stays_a_float():
 
     out = gsj.nansafe(f)(jnp.float32(1.0))
     assert type(out[1]) is float and same(out, f(jnp.float32(1.0)))
+
+
+# -- side effects: a replay does not make them again --------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["explain", "sanitize"])
+def test_replay_does_not_repeat_side_effects(api):
+    from jax.experimental import io_callback
+
+    log: list = []
+
+    def f(x):
+        io_callback(lambda v: log.append("io"), None, x, ordered=True)
+        jax.debug.callback(lambda v: log.append("debug"), x)
+        return jnp.log(x)
+
+    x = jnp.array([0.0, 1.0])
+    r = getattr(gsj, api)(f)(x)
+    assert log == ["io", "debug"] and r.findings[0].primitive == "log"
+    assert not r.notes
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_io_callback_with_results_keeps_the_users_outputs_and_says_so(jit):
+    from jax.experimental import io_callback
+
+    count = [0]
+
+    def bump(v):
+        count[0] += 1
+        return np.asarray(count[0], np.float32)
+
+    def f(x):
+        n = io_callback(bump, jax.ShapeDtypeStruct((), jnp.float32), x, ordered=True)
+        return jnp.log(x) + n
+
+    f = jax.jit(f) if jit else f
+    x = jnp.array([0.0, 1.0])
+    r = gsj.explain(f)(x)
+    assert np.asarray(r.outputs)[1] == 1.0  # the user's call: the first callback's value
+    [note] = r.notes
+    assert "io_callback at" in note and "test_g0.py" in note and "repeated" in note

@@ -380,6 +380,24 @@ def trace_call(call: FlatCall, who: str, inside_ok: bool = False) -> Traced:
     return Traced(closed, jax.tree_util.tree_unflatten(box["tree"], full), list(box["keep"]))
 
 
+def effects_notes(jaxpr: Any, skipped: int) -> list[str]:
+    """What a replay of ``jaxpr`` did with the program's callbacks, in one line each: the
+    ``io_callback`` whose results the program uses ran again (its side effect repeated)."""
+    from ._source import place
+    from .interpreter._core import rerun_callbacks
+
+    notes = []
+    for eqn in rerun_callbacks(jaxpr):
+        frame = place(eqn.source_info).user
+        at = f" at {frame.file}:{frame.line} ({frame.function})" if frame is not None else ""
+        notes.append(
+            f"the io_callback{at} returns values the program uses, so gradsan's replay ran it "
+            "again: its side effect was repeated (callbacks that return nothing "
+            f"({skipped} here) are not re-run)."
+        )
+    return notes
+
+
 # -- sanitize's tracing, and tangents along directions -------------------------------------------
 
 

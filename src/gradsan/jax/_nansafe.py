@@ -1063,6 +1063,9 @@ def nansafe(
             if not any(isinstance(c, jax.core.Tracer) for c in consts):
                 cache[key] = entry
         em, run, traced = entry
+        # eagerly the user's call already ran (plain): its side effects are not made again;
+        # under a trace this re-emission is the user's run
+        em.replay = plain is not None
         outs, flags = run(*flat)
         out_tree = jax.tree_util.tree_structure(traced.out_shape)
         limit = None
