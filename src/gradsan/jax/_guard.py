@@ -3,12 +3,15 @@ replay the interpreter on the same inputs and raise NonFiniteError with the repo
 
 For a jitted function the flag is computed inside the same compiled program (one fused
 reduction over the outputs), so a healthy step pays almost nothing. Donation is dropped from
-that program so the inputs survive for the replay (``keep_inputs=False`` keeps it).
+that program so the inputs survive for the replay, and guard says so in one log line
+(``keep_inputs=False`` keeps it: JAX donates as without gradsan, and a failing step whose
+inputs were consumed is reported by its bad outputs).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -110,6 +113,7 @@ class Checker:
 
     def __init__(self, fun: Callable, *, keep_inputs: bool = True, background: bool = True):
         self.fun = fun
+        self.keep_inputs = keep_inputs
         self.fused = fused = _fused(fun, keep_inputs)
         info = getattr(fun, "_jit_info", None)
         self.donating = bool(getattr(info, "donate_argnums", ()))
@@ -165,9 +169,30 @@ class Checker:
             self._compile_in_background(_abstract(args), _abstract(kwargs))
         return out, host_flag(out), None
 
+    def donation_note(self) -> str | None:
+        """One line saying what happened to ``fun``'s buffer donation under this checker."""
+        if not self.donating:
+            return None
+        info = getattr(self.fun, "_jit_info", None)
+        nums = tuple(getattr(info, "donate_argnums", ()))
+        name = getattr(self.fun, "__name__", "function")
+        if self.keep_inputs:
+            return (
+                f"gradsan.jax.guard: `{name}` donates arguments {nums}; guard turned the "
+                "donation off so that a failing step's inputs survive for the replay "
+                "(guard(step, keep_inputs=False) keeps it and lists the bad outputs only)."
+            )
+        return None
+
     def report(self, args: tuple, kwargs: dict, out: Any, via: Callable | None) -> Report:
         """Replay the failed call through the interpreter: the report of where it went
-        non-finite."""
+        non-finite. Inputs consumed by buffer donation cannot be replayed: then the report
+        lists the bad outputs and says why."""
+        if self.donating and any(
+            isinstance(x, jax.Array) and x.is_deleted()
+            for x in jax.tree_util.tree_leaves((args, kwargs))
+        ):
+            return _summary_report(self.fun, out)
         trace_fun: Callable | None
         if via is not None:
             trace_fun = lambda *a, **k: via(*a, **k)[0]  # noqa: E731
@@ -209,16 +234,19 @@ def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
     check_callable(fun, "guard")
     checker = Checker(fun, keep_inputs=keep_inputs)
     run = checker.run
-    summary_only = checker.donating and not keep_inputs
+    note = checker.donation_note()
+    if note is not None:  # never dropped silently: one line, once per guarded function
+        logging.getLogger("gradsan").warning(note)
 
     @functools.wraps(fun)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         out, ok, via = run(args, kwargs)
         if ok:
             return out
-        if summary_only:
-            raise NonFiniteError(_summary_report(fun, out))
-        raise NonFiniteError(checker.report(args, kwargs, out, via))
+        report = checker.report(args, kwargs, out, via)
+        if note is not None:
+            report.notes.append(note)
+        raise NonFiniteError(report)
 
     guarded.__gradsan_guarded__ = True  # type: ignore[attr-defined]
     guarded._gradsan_state = checker.state  # type: ignore[attr-defined]
