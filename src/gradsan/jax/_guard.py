@@ -10,6 +10,7 @@ inputs were consumed is reported by its bad outputs).
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -33,27 +34,51 @@ _INSIDE = (
 )
 
 
+def decided(ok: Any) -> bool:
+    """The host value of a flag returned by :meth:`Checker.start` (waits for it)."""
+    return _decided(ok)
+
+
 def _decided(ok: Any) -> bool:
     """The host value of a flag; a clear error when it is a tracer (guard inside a trace)."""
     if isinstance(ok, jax.core.Tracer):
         raise UsageError(_INSIDE)
+    if isinstance(ok, jax.Array):
+        return bool(ok.item())  # about 100 us less than bool(array), which checks and profiles
     return bool(ok)
+
+
+def _identity(inner: Callable) -> tuple[tuple, tuple] | None:
+    """(key, objects) naming what ``inner`` computes: its code, the objects its closure cells
+    hold, its globals and defaults. Two functions with the same identity compute the same
+    thing (a ``jax.jit(f)`` re-created per call, a lambda re-made in a loop over the same
+    values); the objects are kept beside the key, so an id is never reused while cached."""
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return ("obj", id(inner)), (inner,)
+    try:
+        cells = tuple(c.cell_contents for c in (inner.__closure__ or ()))
+    except ValueError:  # an empty cell
+        return None
+    objs = (*cells, inner.__globals__, inner.__defaults__, inner.__kwdefaults__)
+    return (code, tuple(id(o) for o in objs)), objs
+
+
+_FUSED: collections.OrderedDict = collections.OrderedDict()
+_FUSED_MAX = 256
 
 
 def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
     """The jitted ``fun`` recompiled to also return the flag, with the same static and
-    donation options; None when ``fun`` is not a plain ``jax.jit`` function."""
+    donation options; None when ``fun`` is not a plain ``jax.jit`` function. One fused
+    program per (function identity, options): a jit re-created per call reuses it, and with
+    it jax's cache of its traces and compiled executables."""
     info = getattr(fun, "_jit_info", None)
     inner = getattr(fun, "__wrapped__", None)
     if info is None or inner is None or getattr(info, "user_specified_in_shardings", False):
         return None
     if not hasattr(fun, "lower"):  # jax.grad(jax.jit(f)) copies _jit_info and __wrapped__ = f
         return None
-
-    def with_flag(*args: Any, **kwargs: Any):
-        out = inner(*args, **kwargs)
-        return out, finite_flag(out)
-
     opts: dict[str, Any] = {
         "static_argnums": info.static_argnums,
         "static_argnames": info.static_argnames,
@@ -62,10 +87,28 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
     if not keep_inputs:
         opts["donate_argnums"] = info.donate_argnums
         opts["donate_argnames"] = info.donate_argnames
+    ident = _identity(inner)
+    key = None
+    if ident is not None:
+        key = (ident[0], tuple(sorted((k, repr(v)) for k, v in opts.items())))
+        hit = _FUSED.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[1], ident[1])):
+            _FUSED.move_to_end(key)
+            return hit[0]
+
+    def with_flag(*args: Any, **kwargs: Any):
+        out = inner(*args, **kwargs)
+        return out, finite_flag(out)
+
     try:
-        return jax.jit(functools.wraps(inner)(with_flag), **opts)
+        fused = jax.jit(functools.wraps(inner)(with_flag), **opts)
     except Exception:  # pragma: no cover - unusual jit options: fall back to a separate check
         return None
+    if key is not None and ident is not None:
+        _FUSED[key] = (fused, ident[1])
+        if len(_FUSED) > _FUSED_MAX:
+            _FUSED.popitem(last=False)
+    return fused
 
 
 def _bad_outputs(fun: Callable, out: Any) -> Report:
@@ -146,6 +189,17 @@ class Checker:
         t = threading.Thread(target=work, name="gradsan-guard-compile", daemon=True)
         state["thread"] = t
         t.start()
+
+    def start(self, args: tuple, kwargs: dict) -> tuple[Any, Any, Callable | None]:
+        """Like :meth:`run`, without waiting for the flag: ``(out, flag, via)`` where ``flag``
+        is a device array still being computed (read it with :func:`decided`) when the fused
+        program ran, else the bool :meth:`run` returns. The call is dispatched as JAX would
+        dispatch it, asynchronously."""
+        fused, state = self.fused, self.state
+        if fused is not None and state["use_jit"]:
+            out, ok = fused(*args, **kwargs)
+            return out, ok, fused  # a tracer flag: called inside a trace (the caller decides)
+        return self.run(args, kwargs)
 
     def run(self, args: tuple, kwargs: dict) -> tuple[Any, bool, Callable | None]:
         fused, state = self.fused, self.state

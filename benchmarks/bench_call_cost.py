@@ -1,0 +1,196 @@
+"""The cost of gradsan's call path (issue 17), each measured against the plain call.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_call_cost.py [--part NAME] [--rounds N]
+        [--layers 100,300,1000] [--old]
+
+Parts:
+
+- ``compile``: guard's first report on a deep tanh MLP's jitted train step (NaN at the last
+  layer, so the fused program is compiled and the replay runs), against the plain jitted
+  step's first call (trace + compile). ``--old`` uses one flag reduction per output leaf (the
+  former fused flag) to show the before figure.
+- ``recreate``: under `gradsan run`'s patch, ``jax.jit(f)(x)`` re-created at every call of a
+  loop, per call; against the same loop without gradsan.
+- ``step``: under `gradsan run`'s patch, a jitted step of about 10 us called in a loop, per
+  call; against the same loop without gradsan.
+
+Timing is paired: every round runs each variant once in alternating order; we print the
+median and the interquartile range over rounds. The "RESULT name=value" lines are for the
+README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def stats(xs: list[float]) -> str:
+    q = np.percentile(xs, [25, 75])
+    return f"median {statistics.median(xs):.4g} (IQR {q[0]:.4g}-{q[1]:.4g}, n={len(xs)})"
+
+
+def paired(variants: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    got: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
+    for r in range(rounds):
+        for k in names if r % 2 == 0 else names[::-1]:
+            got[k].append(variants[k]())
+    return got
+
+
+# -- compile: guard on a deep MLP -------------------------------------------------------------
+
+
+def deep_step(layers: int, width: int = 16) -> tuple[Callable, tuple]:
+    keys = jax.random.split(jax.random.PRNGKey(0), layers)
+    params = [(jax.random.normal(k, (width, width)) / width**0.5, jnp.zeros(width)) for k in keys]
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, width))
+
+    def loss(params, x):
+        h = x
+        for w, b in params:
+            h = jnp.tanh(h @ w + b)
+        return jnp.sqrt(jnp.sum(h * 0.0))  # sqrt at an exact 0: the gradient is NaN
+
+    def step(params, x):
+        g = jax.grad(loss)(params, x)
+        return [(w - 0.1 * gw, b - 0.1 * gb) for (w, b), (gw, gb) in zip(params, g)]
+
+    return step, (params, x)
+
+
+def part_compile(layer_counts: list[int], old: bool) -> None:
+    import gradsan
+    import gradsan.jax as gsj
+    from gradsan.jax import _flags
+
+    if old:
+        _flags.FUSE_LIMIT = 10**9
+    for n in layer_counts:
+        step, args = deep_step(n)
+        t0 = time.perf_counter()
+        jax.block_until_ready(jax.jit(step)(*args))
+        plain = time.perf_counter() - t0
+        step, args = deep_step(n)
+        t0 = time.perf_counter()
+        g = gsj.guard(jax.jit(step))
+        st = g._gradsan_state
+        st["use_jit"] = True  # the fused program at once: the compile this part measures
+        try:
+            g(*args)
+            said = "no error"
+        except gradsan.NonFiniteError as e:
+            said = str(e).splitlines()[0][:70]
+        guarded = time.perf_counter() - t0
+        tag = "old" if old else "new"
+        print(
+            f"  {n:5d} layers: plain jit first call {plain:7.2f} s, guard to report "
+            f"{guarded:7.2f} s ({guarded / plain:.2f}x)  [{said}]"
+        )
+        print(f"RESULT compile.{tag}.layers{n}.plain_s={plain:.2f}")
+        print(f"RESULT compile.{tag}.layers{n}.guard_s={guarded:.2f}")
+
+
+# -- under gradsan run's patch ----------------------------------------------------------------
+
+
+def _installed_hooks():
+    from gradsan._run._hooks import Hooks
+
+    def on_failure(f):  # pragma: no cover - the benchmark's programs stay finite
+        raise RuntimeError("unexpected failure")
+
+    hooks = Hooks(on_failure)
+    from gradsan._run._patch_jax import patch_jax
+
+    patch_jax(hooks, jax)
+    return hooks
+
+
+def _user_code(src: str) -> dict:
+    """Compile ``src`` as if it were a user's script (a file outside gradsan and site-packages)
+    so that the patch wraps what it makes."""
+    import os
+    import tempfile
+
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "user_loop.py")
+    with open(path, "w") as fh:
+        fh.write(src)
+    ns: dict = {"__name__": "user_loop", "__file__": path}
+    exec(compile(src, path, "exec"), ns)
+    return ns
+
+
+LOOPS = """
+import jax, jax.numpy as jnp
+jit = jax.jit  # bound when the file runs: gradsan's patched jit, or jax's own
+def f(x):
+    return jnp.tanh(x * 1.0001 + 0.5)
+def recreate(x, n):
+    for _ in range(n):
+        x = jit(f)(x)
+    return jax.block_until_ready(x)
+step = jit(f)
+def steps(x, n):
+    for _ in range(n):
+        x = step(x)
+    return jax.block_until_ready(x)
+"""
+
+
+def part_run(name: str, rounds: int, n: int) -> None:
+    x = jnp.ones(16)
+    plain = _user_code(LOOPS)
+    hooks = _installed_hooks()
+    try:
+        patched = _user_code(LOOPS)
+        fn = {"recreate": "recreate", "step": "steps"}[name]
+        plain_f, patched_f = plain[fn], patched[fn]
+        plain_f(x, 3)
+        patched_f(x, 3)  # warm: first traces and compiles
+
+        def timed(f: Callable) -> Callable[[], float]:
+            def run() -> float:
+                t0 = time.perf_counter()
+                f(x, n)
+                return (time.perf_counter() - t0) / n * 1e6
+
+            return run
+
+        got = paired({"plain": timed(plain_f), "gradsan": timed(patched_f)}, rounds)
+    finally:
+        hooks.uninstall()
+    ratio = [g / p for g, p in zip(got["gradsan"], got["plain"])]
+    print(f"  {name}: plain   {stats(got['plain'])} us/call")
+    print(f"  {name}: gradsan {stats(got['gradsan'])} us/call")
+    print(f"  {name}: ratio   {stats(ratio)}")
+    print(f"RESULT {name}.plain_us={statistics.median(got['plain']):.1f}")
+    print(f"RESULT {name}.gradsan_us={statistics.median(got['gradsan']):.1f}")
+    print(f"RESULT {name}.ratio={statistics.median(ratio):.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--part", default="all", choices=["all", "compile", "recreate", "step"])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--layers", default="100,300")
+    ap.add_argument("--old", action="store_true")
+    a = ap.parse_args()
+    if a.part in ("all", "recreate"):
+        part_run("recreate", a.rounds, 50)
+    if a.part in ("all", "step"):
+        part_run("step", a.rounds, 2000)
+    if a.part in ("all", "compile"):
+        part_compile([int(v) for v in a.layers.split(",")], a.old)
+
+
+if __name__ == "__main__":
+    main()
