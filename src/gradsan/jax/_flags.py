@@ -18,7 +18,7 @@ def _inexact(x: Any) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-FUSE_LIMIT = 64
+FUSE_LIMIT = 128
 """Up to this many float leaves, one reduction per leaf (each fuses into the computation that
 produces its leaf); beyond it one reduction over all of them, raveled and concatenated: XLA's
 compile time grows superlinearly with the number of separate reductions (issue 17: a
