@@ -86,18 +86,43 @@ def test_deferred_flag_of_the_last_call_is_read_at_the_flush(hooks, monkeypatch)
     assert e.value.args == (2,)
 
 
-@pytest.mark.parametrize("n", [3, _flags.FUSE_LIMIT + 5])
-def test_flag_over_many_leaves_decides_as_per_leaf(n):
+@pytest.mark.parametrize("n", [3, _flags.CHUNK * 2 + 5])
+def test_chunked_flag_decides_as_the_fused_one(n):
     leaves = [jnp.full((i % 3 + 1,), float(i), jnp.float32) for i in range(n)]
     leaves.append(jnp.ones(2, jnp.float16))
     leaves.append(jnp.array([1 + 2j], jnp.complex64))
-    flag = jax.jit(_flags.finite_flag)
-    assert bool(flag(leaves))
+    fused = jax.jit(_flags.finite_flag)
+
+    def flag(out):
+        a, b = bool(fused(out)), bool(_flags.chunked_flag(out))
+        assert a == b
+        return a
+
+    assert flag(leaves)
     for bad in (np.nan, np.inf, -np.inf):
         for where in (0, n // 2, n + 1):
             broken = list(leaves)
             broken[where] = broken[where].at[0].set(bad)
-            assert not bool(flag(broken)), (bad, where)
+            assert not flag(broken), (bad, where)
     big = list(leaves)
     big[1] = jnp.full((2,), 3e38, jnp.float32)  # finite, and sums overflow: no false alarm
-    assert bool(flag(big))
+    assert flag(big)
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["guard", "run"])
+def test_many_outputs_are_not_fused_and_still_reported(background):
+    from gradsan.jax._guard import Checker
+
+    n = _flags.FUSE_LIMIT + 1
+
+    @jax.jit
+    def step(x):
+        return [jnp.log(x - i * 0.0) for i in range(n)]
+
+    c = Checker(step, background=background)
+    out, ok, via = c.run((jnp.ones(2),), {})
+    assert ok and via is None and c.fused is None  # the step as it is, the flag apart
+    out, ok, via = c.run((jnp.zeros(2),), {})
+    assert not ok
+    rep = c.report((jnp.zeros(2),), {}, out, via)
+    assert rep.findings and rep.findings[0].primitive == "log"

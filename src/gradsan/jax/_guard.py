@@ -24,7 +24,14 @@ from .._errors import NonFiniteError, UsageError
 from .._report import OutputHit, Report
 from ._call import check_callable
 from ._explain import diagnose
-from ._flags import finite_flag, float_leaves, host_flag, nonfinite_leaves, separate_flag
+from ._flags import (
+    FUSE_LIMIT,
+    chunked_flag,
+    finite_flag,
+    float_leaves,
+    host_flag,
+    nonfinite_leaves,
+)
 
 _INSIDE = (
     "gradsan.jax.guard was called inside a JAX transformation (jit, vmap, grad, scan ...) or "
@@ -190,22 +197,36 @@ class Checker:
         state["thread"] = t
         t.start()
 
+    def _too_many(self, args: tuple, kwargs: dict) -> bool:
+        """Whether the step has more float outputs than a fused flag compiles well with (read
+        from the fused program's abstract evaluation, whose trace its call reuses)."""
+        try:
+            # the fused jit's own trace (cached with it): a jit re-created per call pays none
+            shape = self.fused.eval_shape(*args, **kwargs)[0]  # type: ignore[union-attr]
+        except Exception:  # arguments it cannot take abstractly: fuse as before
+            return False
+        return len(float_leaves(shape)) > FUSE_LIMIT
+
     def start(self, args: tuple, kwargs: dict) -> tuple[Any, Any, Callable | None]:
         """Like :meth:`run`, without waiting for the flag: ``(out, flag, via)`` where ``flag``
         is a device array still being computed (read it with :func:`decided`) when the fused
         program ran, else the bool :meth:`run` returns. The call is dispatched as JAX would
         dispatch it, asynchronously."""
         fused, state = self.fused, self.state
-        if fused is not None and state["use_jit"]:
+        if fused is not None and state["use_jit"] and state.get("sized"):
             out, ok = fused(*args, **kwargs)
             return out, ok, fused  # a tracer flag: called inside a trace (the caller decides)
         return self.run(args, kwargs)
 
     def run(self, args: tuple, kwargs: dict) -> tuple[Any, bool, Callable | None]:
         fused, state = self.fused, self.state
+        if fused is not None and state["use_jit"] and not state.get("sized"):
+            state["sized"] = True
+            if self._too_many(args, kwargs):
+                self.fused = fused = None
         if fused is None:
             out = self.fun(*args, **kwargs)
-            return out, _decided(separate_flag(float_leaves(out))), None
+            return out, _decided(chunked_flag(out)), None
         compiled = state["compiled"]
         if compiled is not None and not state["use_jit"]:
             try:
@@ -219,6 +240,10 @@ class Checker:
         out = self.plain(*args, **kwargs)
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
             raise UsageError(_INSIDE)
+        if state["thread"] is None and len(float_leaves(out)) > FUSE_LIMIT:
+            state["sized"] = True  # too many outputs to fuse the flag: the step as it is
+            self.fused = None
+            return out, host_flag(out), None
         if state["thread"] is None:
             self._compile_in_background(_abstract(args), _abstract(kwargs))
         return out, host_flag(out), None
