@@ -34,8 +34,12 @@ def test_guard_is_bit_identical_on_finite_steps(donate):
     for _ in range(3):
         w1, g1 = plain(w1, x)
         w2, g2 = guarded(w2, x)
-        np.testing.assert_array_equal(np.asarray(w1).view(np.uint32), np.asarray(w2).view(np.uint32))
-        np.testing.assert_array_equal(np.asarray(g1).view(np.uint32), np.asarray(g2).view(np.uint32))
+        np.testing.assert_array_equal(
+            np.asarray(w1).view(np.uint32), np.asarray(w2).view(np.uint32)
+        )
+        np.testing.assert_array_equal(
+            np.asarray(g1).view(np.uint32), np.asarray(g2).view(np.uint32)
+        )
 
 
 @pytest.mark.parametrize("donate", [False, True], ids=["plain", "donated"])
@@ -115,8 +119,11 @@ def test_guard_bit_identical_on_an_adam_attention_step():
     optax = pytest.importorskip("optax")
     opt = optax.adam(1e-2)
     k = jax.random.split(jax.random.PRNGKey(3), 4)
-    params = {"q": jax.random.normal(k[0], (16, 16)), "k": jax.random.normal(k[1], (16, 16)),
-              "v": jax.random.normal(k[2], (16, 16))}
+    params = {
+        "q": jax.random.normal(k[0], (16, 16)),
+        "k": jax.random.normal(k[1], (16, 16)),
+        "v": jax.random.normal(k[2], (16, 16)),
+    }
     x = jax.random.normal(k[3], (4, 8, 16))
 
     def loss(p, x):
@@ -137,9 +144,12 @@ def test_guard_bit_identical_on_an_adam_attention_step():
     for _ in range(3):
         p1, s1, l1 = plain(p1, s1, x)
         p2, s2, l2 = guarded(p2, s2, x)
-    for a, b in zip(jax.tree_util.tree_leaves((p1, s1, l1)), jax.tree_util.tree_leaves((p2, s2, l2))):
-        np.testing.assert_array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8),
-                                      np.atleast_1d(np.asarray(b)).view(np.uint8))
+    for a, b in zip(
+        jax.tree_util.tree_leaves((p1, s1, l1)), jax.tree_util.tree_leaves((p2, s2, l2))
+    ):
+        np.testing.assert_array_equal(
+            np.atleast_1d(np.asarray(a)).view(np.uint8), np.atleast_1d(np.asarray(b)).view(np.uint8)
+        )
 
 
 def test_guard_switches_to_the_fused_program_after_the_background_compile():
@@ -172,3 +182,66 @@ def test_guard_of_grad_of_jit_returns_the_gradient():
         thread = g._gradsan_state["thread"]
         if thread is not None:
             thread.join()
+
+
+# -- donation: kept, or turned off with one line; never silently dropped (issue 17) -------------
+
+
+def test_guard_says_in_one_line_that_it_turned_donation_off(caplog):
+    with caplog.at_level("WARNING", logger="gradsan"):
+        g = gsj.guard(make_step(True))
+    [rec] = caplog.records
+    assert "donates arguments (0,)" in rec.getMessage() and "keep_inputs=False" in rec.getMessage()
+    assert "\n" not in rec.getMessage()
+    w = jnp.zeros((8, 4))
+    with pytest.raises(gradsan.NonFiniteError) as info:
+        g(w, jnp.ones((16, 8)))
+    assert "turned the donation off" in str(info.value) and not w.is_deleted()
+
+
+def test_guard_without_donation_says_nothing(caplog):
+    with caplog.at_level("WARNING", logger="gradsan"):
+        gsj.guard(make_step(False))
+    assert not caplog.records
+
+
+def test_keep_inputs_false_donates_and_warns_as_jax_does():
+    import warnings
+
+    def f(x):
+        return jnp.sum(x)  # a scalar cannot reuse the donated buffer: JAX warns
+
+    got = {}
+    for label, wrap in (
+        ("plain", lambda g: g),
+        ("guard", lambda g: gsj.guard(g, keep_inputs=False)),
+    ):
+        g = wrap(jax.jit(f, donate_argnums=0))
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                g(jnp.ones(3))
+        got[label] = [str(r.message).splitlines()[0] for r in rec]
+    assert got["guard"] == got["plain"] and got["plain"]
+    g = gsj.guard(jax.jit(lambda x: x * 2, donate_argnums=0), keep_inputs=False)
+    x = jnp.ones(3)
+    g(x)
+    assert x.is_deleted()
+
+
+def test_run_mode_checker_keeps_donation_and_reports_consumed_inputs():
+    from gradsan.jax._guard import Checker
+
+    c = Checker(
+        jax.jit(lambda x: jnp.log(x - 1), donate_argnums=0), background=False, keep_inputs=False
+    )
+    x = jnp.ones(3)
+    out, ok, via = c.run((x,), {})
+    assert x.is_deleted() and not ok
+    rep = c.report((x,), {}, out, via)
+    assert not rep.findings and "could not be replayed" in " ".join(rep.notes)
+    # inputs that survived (no donation) are replayed
+    c = Checker(jax.jit(lambda x: jnp.log(x - 1)), background=False, keep_inputs=False)
+    y = jnp.ones(3)
+    out, ok, via = c.run((y,), {})
+    assert c.report((y,), {}, out, via).findings[0].primitive == "log"

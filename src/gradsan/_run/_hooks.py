@@ -153,6 +153,12 @@ class Hooks:
         return s
 
 
+def _flush_jax(hooks: Hooks) -> None:
+    from ._patch_jax import flush_pending
+
+    flush_pending(hooks)
+
+
 def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure | None]:
     """Run ``script`` as ``__main__`` under ``hooks``: its exit status, and the failure that
     stopped it (None if none)."""
@@ -160,10 +166,12 @@ def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     hooks.install()
+    hooks.defer_flags = True  # type: ignore[attr-defined]  # jax flags read one call late
     code = 0
     failure = None
     try:
         runpy.run_path(script, run_name="__main__")
+        _flush_jax(hooks)  # the last call's flag
     except Stop as s:
         failure = s.failure
         code = EXIT_NONFINITE if failure is not None else 0

@@ -48,6 +48,8 @@ class Watched:
         self._opts = opts
         self._calls = 0
         self._checker: Checker | None = None  # built at the first eager call
+        self._pending: tuple | None = None  # a call whose flag is not read yet (defer_flags)
+        self._defer = False
         try:
             self.__wrapped__ = getattr(inner, "__wrapped__", target)
             for a in ("__name__", "__qualname__", "__doc__", "__module__"):
@@ -72,27 +74,61 @@ class Watched:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self._hooks
-        if not hooks.enabled or _has_tracer((args, kwargs)):
+        if not hooks.enabled:
             return self._inner(*args, **kwargs)
-        self._calls += 1
-        if self._checker is None:
+        checker = self._checker
+        if checker is None:
             from ..jax._guard import Checker
 
-            # every call through the fused jit: the function is new, so one program compiles
-            self._checker = Checker(self._inner, background=False)
-        out, ok, via = self._checker.run(args, kwargs)
+            # every call through the fused jit: the function is new, so one program compiles.
+            # Donation is kept (as without gradsan); a failing step whose inputs it consumed
+            # is reported by its bad outputs
+            checker = self._checker = Checker(self._inner, background=False, keep_inputs=False)
+            # on an accelerator the flag is read one call late (after the next call is
+            # dispatched), so checking forces no sync per step; on the CPU reading it at once
+            # is cheaper (measured in benchmarks/bench_call_cost.py)
+            self._defer = getattr(hooks, "defer_flags", False) and _accelerated()
+        if checker.fused is None and _has_tracer((args, kwargs)):
+            return self._inner(*args, **kwargs)
+        out, flag, via = checker.start(args, kwargs)
+        if isinstance(flag, _tracer_type()):  # a call made while tracing passes through
+            return out
+        self._calls += 1
+        if self._defer and via is not None:
+            before, self._pending = self._pending, (flag, args, kwargs, out, via, self._calls)
+            _pending_of(hooks).add(self)
+            if before is not None:
+                self._settle(before)
+            ok = True
+        else:
+            ok = _decided()(flag)
         if hooks.sanitize and id(self) not in hooks.sanitized:
             hooks.sanitized.add(id(self))
             _sanitize_jax(hooks, self, args, kwargs)
-        if ok:
-            return out
-        report = self._replay(args, kwargs, out, via)
+        if not ok:
+            self._fail(args, kwargs, out, via, self._calls)
+        return out
+
+    def _settle(self, pending: tuple) -> None:
+        """Read a deferred flag; report its call when it was not finite."""
+        flag, args, kwargs, out, via, call = pending
+        if not _decided()(flag):
+            self._fail(args, kwargs, out, via, call)
+
+    def flush(self) -> None:
+        """Read the flag of the last call (the end of a script)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._settle(pending)
+
+    def _fail(self, args: tuple, kwargs: dict, out: Any, via: Any, call: int) -> None:
+        report = self._replay(args, kwargs, out, via, call)
         __tracebackhide__ = True
-        hooks.on_failure(
+        self._hooks.on_failure(
             Failure(
                 backend="jax",
                 report=report,
-                call=self._calls,
+                call=call,
                 label=self.label,
                 fun=self._inner,
                 args=args,
@@ -102,20 +138,59 @@ class Watched:
                 opts=self._opts,
             )
         )
-        return out
 
-    def _replay(self, args: tuple, kwargs: dict, out: Any, via: Callable | None) -> Any:
+    def _replay(self, args: tuple, kwargs: dict, out: Any, via: Callable | None, call: int) -> Any:
         assert self._checker is not None
         n_eqns = _count_eqns(self._inner, args, kwargs)
         size = f" ({n_eqns} equations)" if n_eqns else ""
         say(
-            f"the {ordinal(self._calls)} call of {self.label} returned NaN/Inf; "
+            f"the {ordinal(call)} call of {self.label} returned NaN/Inf; "
             f"replaying it through the interpreter{size}..."
         )
         t0 = time.perf_counter()
         report = self._checker.report(args, kwargs, out, via)
         say(f"replay done in {time.perf_counter() - t0:.1f} s.")
         return report
+
+
+_DECIDED: list = []
+
+
+def _decided() -> Callable[[Any], bool]:
+    """gradsan.jax._guard.decided, imported once (an import per call costs microseconds)."""
+    if not _DECIDED:
+        from ..jax._guard import decided
+
+        _DECIDED.append(decided)
+    return _DECIDED[0]
+
+
+def _tracer_type() -> type:
+    import jax
+
+    return jax.core.Tracer
+
+
+def _accelerated() -> bool:
+    import jax
+
+    return jax.default_backend() != "cpu"
+
+
+def _pending_of(hooks: Hooks) -> set:
+    """The watched functions with a flag not read yet (``flush_pending`` reads them)."""
+    got = getattr(hooks, "_jax_pending", None)
+    if got is None:
+        got = set()
+        hooks._jax_pending = got  # type: ignore[attr-defined]
+    return got
+
+
+def flush_pending(hooks: Hooks) -> None:
+    """Read every deferred flag (the script ended): its failure is reported as any other."""
+    for w in list(_pending_of(hooks)):
+        _pending_of(hooks).discard(w)
+        w.flush()
 
 
 def _count_eqns(fun: Callable, args: tuple, kwargs: dict) -> int:

@@ -33,14 +33,72 @@ __all__ = [
 
 class FlatCall(NamedTuple):
     """``fun(*args, **kwargs)`` as a function of its flat array leaves. A jitted ``fun``'s
-    static arguments stay Python values, bound in ``fun`` (they flatten to no leaves)."""
+    static arguments stay Python values, bound in ``fun`` (they flatten to no leaves); so do
+    leaves JAX cannot trace (an equinox module's functions and static fields, a string in a
+    dict), filtered as ``equinox.filter_jit`` does and passed to ``fun`` untouched. A typed
+    PRNG key (``jax.random.key``) is a leaf of its raw key data, re-wrapped inside ``fun``."""
 
-    flat: list
+    flat: list  # the traced leaves only (key data for typed keys)
     in_tree: Any
     fun: Callable  # flat leaves -> outputs; a fresh closure per call (make_jaxpr caches per callable)
     dyn_args: tuple
     dyn_kwargs: dict
     statics: tuple  # the static values, hashable (a cache key together with in_tree)
+    labels: list  # the name of each traced leaf: ``theta``, ``params['w']``, ``model.layers[0]``
+
+
+def is_traced_leaf(x: Any) -> bool:
+    """Whether JAX traces this pytree leaf (arrays, tracers, numpy values, Python numbers); any
+    other leaf (a function, a string, an equinox static field) is passed through as it is."""
+    return (
+        isinstance(x, (jax.Array, jax.core.Tracer, np.ndarray, np.generic))
+        or isinstance(x, (bool, int, float, complex))
+        or hasattr(x, "__jax_array__")
+        or (hasattr(x, "dtype") and hasattr(x, "shape"))
+    )
+
+
+def _key_impl(x: Any) -> Any:
+    """The PRNG implementation of a typed key leaf, else None."""
+    dt = getattr(x, "dtype", None)
+    try:
+        if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key):
+            return jax.random.key_impl(x)
+    except TypeError:  # pragma: no cover - a dtype jax cannot compare
+        return None
+    return None
+
+
+def _hashable(x: Any) -> Any:
+    try:
+        hash(x)
+    except TypeError:
+        return ("id", id(x))
+    return x
+
+
+def _path_labels(fun: Callable, tree: Any) -> list[str]:
+    """Names of every leaf of ``tree`` = (args, kwargs), in ``tree_flatten`` order."""
+    try:
+        sig = inspect.signature(fun)
+        names = [
+            p.name
+            for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        names = []
+    tu = jax.tree_util
+    labels = []
+    for path, _ in tu.tree_flatten_with_path(tree)[0]:
+        head, *rest = path
+        if getattr(head, "idx", None) == 0:  # positional
+            i = rest[0].idx  # type: ignore[attr-defined]
+            base = names[i] if i < len(names) else f"args[{i}]"
+            labels.append(base + tu.keystr(tuple(rest[1:])))
+        else:
+            labels.append(str(rest[0].key) + tu.keystr(tuple(rest[1:])))  # type: ignore[attr-defined]
+    return labels
 
 
 def flatten_call(
@@ -50,19 +108,41 @@ def flatten_call(
     s_pos, s_names = set(static_nums), set(static_names)
     dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
     dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
-    flat, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    every, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    all_labels = _path_labels(fun, (dyn_args, dyn_kwargs))
+    keep = [is_traced_leaf(x) for x in every]
+    impls = [_key_impl(x) if k else None for x, k in zip(every, keep)]
+    flat = [
+        jax.random.key_data(x) if impl is not None else x
+        for x, k, impl in zip(every, keep, impls)
+        if k
+    ]
+    labels = [lbl for lbl, k in zip(all_labels, keep) if k]
     pos = {i: args[i] for i in s_pos if i < len(args)}
     names = {k: kwargs[k] for k in s_names if k in kwargs}
     target = traced or fun
+    kept_impls = [impl for impl, k in zip(impls, keep) if k]
+    fixed = list(every)
 
     def flat_fun(*leaves):
-        a, k = jax.tree_util.tree_unflatten(in_tree, list(leaves))
+        it = iter(
+            jax.random.wrap_key_data(x, impl=impl) if impl is not None else x
+            for x, impl in zip(leaves, kept_impls)
+        )
+        full = [next(it) if k else x for x, k in zip(fixed, keep)]
+        a, k = jax.tree_util.tree_unflatten(in_tree, full)
         a = tuple(pos[i] if i in pos else x for i, x in enumerate(a))
         k = {n: (names[n] if n in names else x) for n, x in k.items()}
         return target(*a, **k)
 
-    statics = (tuple(sorted(pos.items())), tuple(sorted(names.items())))
-    return FlatCall(flat, in_tree, flat_fun, dyn_args, dyn_kwargs, statics)
+    passed = tuple(_hashable(x) for x, k in zip(every, keep) if not k)
+    statics = (
+        tuple(sorted(pos.items())),
+        tuple(sorted(names.items())),
+        passed,
+        tuple(map(str, kept_impls)),
+    )
+    return FlatCall(flat, in_tree, flat_fun, dyn_args, dyn_kwargs, statics, labels)
 
 
 # -- input checks -------------------------------------------------------------------------------
@@ -77,21 +157,15 @@ def check_callable(fun: Any, who: str) -> None:
 
 
 def check_args(flat_args: list, labels: list[str], who: str) -> None:
+    """A string passed as a whole argument is refused (JAX cannot trace it; bind it first).
+    Any other leaf JAX cannot trace (an equinox module's functions and static fields, a name
+    in a dict) is passed through untouched, as ``equinox.filter_jit`` does."""
     for a, label in zip(flat_args, labels):
-        if isinstance(a, (str, bytes)):
+        if isinstance(a, (str, bytes)) and "[" not in label and "." not in label:
             raise UsageError(
                 f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__} ({a!r:.40}); "
                 "JAX can only trace arrays and numbers. Bind non-array arguments first: "
-                f"gradsan.jax.{who}(functools.partial(fun, {label.split('[')[0]}={a!r:.20}))(...)"
-            )
-        if not (
-            isinstance(a, (jax.Array, np.ndarray, np.generic, int, float, complex, bool))
-            or hasattr(a, "__jax_array__")
-            or hasattr(a, "dtype")
-        ):
-            raise UsageError(
-                f"gradsan.jax.{who}: argument `{label}` is a {type(a).__name__}, which JAX cannot "
-                "trace. Pass arrays (jnp.asarray(x)) or bind it with functools.partial."
+                f"gradsan.jax.{who}(functools.partial(fun, {label}={a!r:.20}))(...)"
             )
 
 
@@ -120,52 +194,75 @@ def arg_labels(fun: Callable, args: tuple, kwargs: dict) -> tuple[list[str], lis
     return labels, leaves
 
 
+def _grad_kind(fun: Callable) -> tuple[str, Any, bool] | None:
+    """(kind, argnums, has_aux) of ``jax.grad`` / ``jax.value_and_grad`` (read by
+    :func:`_compat.grad_info`) or ``equinox.filter_grad`` / ``filter_value_and_grad`` (their
+    wrapper classes; gradients with respect to the first argument); None for anything else."""
+    info = _compat.grad_info(fun)
+    if info is not None:
+        return info.kind, info.argnums, info.has_aux
+    cls = type(fun)
+    if cls.__module__.startswith("equinox") and cls.__name__ in (
+        "_GradWrapper",
+        "_ValueAndGradWrapper",
+    ):
+        kind = "grad" if cls.__name__ == "_GradWrapper" else "value_and_grad"
+        return kind, 0, bool(getattr(fun, "_has_aux", False))
+    return None
+
+
 def output_labels(
     fun: Callable, out_shape: Any, args: tuple, in_labels: list[str]
 ) -> list[tuple[str, str]]:
-    """(path, kind) of each output leaf. Gradients are named after their argument (kind
-    "grad"), value_and_grad's value is "value", anything else is "output"."""
+    """(path, kind) of each output leaf. Only the output of a gradient transformation (jax's
+    or equinox's) is called a gradient: each leaf after its argument (kind "grad"), the value
+    of value_and_grad "value", its ``has_aux`` part "aux"; anything else (a forward value, a
+    jvp output, a train step's new parameters) is an "output" at its path."""
     tree = jax.tree_util
-    paths = [tree.keystr(p) for p, _ in tree.tree_flatten_with_path(out_shape)[0]]
-    info = _compat.grad_info(fun)
-    value_and_grad = info is not None and info.kind == "value_and_grad"
-    # in_labels are the flattened arguments' names; split them per positional argument
-    starts = [0]
-    for a in args:
-        starts.append(starts[-1] + len(tree.tree_leaves(a)))
-    per_arg = [in_labels[starts[i] : starts[i + 1]] for i in range(len(args))]
+    with_path = tree.tree_flatten_with_path(out_shape)[0]
+    paths = [tree.keystr(p) for p, _ in with_path]
+    plain = [(("output" + p) if p else "output", "output") for p in paths]
+    grad = _grad_kind(fun)
+    if grad is None:
+        return plain
+    kind, argnums, has_aux = grad
+    try:
+        sig = inspect.signature(getattr(fun, "__wrapped__", fun))
+        names = [p.name for p in sig.parameters.values()]
+    except (TypeError, ValueError):
+        names = []
 
-    def same(a: Any, b: Any) -> bool:
-        # jaxlib's stubs declare no PyTreeDef.__eq__; it compares structures
-        return bool(tree.tree_structure(a) == tree.tree_structure(b))  # type: ignore[operator]
+    def arg_name(i: int) -> str:
+        return names[i] if i < len(names) else f"args[{i}]"
 
-    def grads_of(shape) -> list[tuple[str, str]] | None:
-        if args and same(shape, args[0]):
-            return [(lbl, "grad") for lbl in per_arg[0]]
-        if (
-            isinstance(shape, tuple)
-            and 0 < len(shape) <= len(args)
-            and all(same(s, a) for s, a in zip(shape, args))
-        ):  # argnums=(0, 1, ...)
-            return [(lbl, "grad") for i in range(len(shape)) for lbl in per_arg[i]]
-        return None
+    def label(path: tuple) -> tuple[str, str]:
+        # path into the output: locate the gradient part, then the argument
+        rest = list(path)
+        if kind == "value_and_grad":
+            if not rest or getattr(rest[0], "idx", None) is None:
+                return ("output" + tree.keystr(tuple(rest)), "output")
+            head = rest.pop(0).idx
+            if head == 0:
+                if has_aux and rest and getattr(rest[0], "idx", None) in (0, 1):
+                    part = rest.pop(0).idx
+                    return (("value" if part == 0 else "aux") + tree.keystr(tuple(rest)), "value")
+                return ("value" + tree.keystr(tuple(rest)), "value")
+        elif has_aux:
+            if not rest or getattr(rest[0], "idx", None) not in (0, 1):
+                return ("output" + tree.keystr(tuple(rest)), "output")
+            if rest.pop(0).idx == 1:
+                return ("aux" + tree.keystr(tuple(rest)), "value")
+        if isinstance(argnums, int):
+            return (arg_name(argnums) + tree.keystr(tuple(rest)), "grad")
+        if rest and getattr(rest[0], "idx", None) is not None and rest[0].idx < len(argnums):
+            i = argnums[rest.pop(0).idx]
+            return (arg_name(i) + tree.keystr(tuple(rest)), "grad")
+        return ("output" + tree.keystr(tuple(rest)), "output")
 
-    if value_and_grad and isinstance(out_shape, tuple) and len(out_shape) == 2:
-        g = grads_of(out_shape[1])
-        if g is not None:
-            n_val = len(tree.tree_leaves(out_shape[0]))
-            if isinstance(out_shape[0], tuple) and len(out_shape[0]) == 2:  # has_aux
-                vals = [
-                    ("value" + p[6:] if p.startswith("[0][0]") else "aux" + p[6:], "value")
-                    for p in paths[:n_val]
-                ]
-            else:
-                vals = [("value" + p[3:], "value") for p in paths[:n_val]]
-            return vals + g
-    g = grads_of(out_shape)
-    if g is not None and not value_and_grad:
-        return g
-    return [(("output" + p) if p else "output", "output") for p in paths]
+    try:
+        return [label(tuple(p)) for p, _ in with_path]
+    except (AttributeError, IndexError, TypeError):  # pragma: no cover - an unusual layout
+        return plain
 
 
 # -- tracing ------------------------------------------------------------------------------------
@@ -214,13 +311,29 @@ def check_not_traced(flat_args: list, who: str) -> None:
         )
 
 
-def trace_call(call: FlatCall, who: str) -> Traced:
+_CLOSES = (
+    "gradsan.jax.{who}: the function closes over a value traced by an enclosing "
+    "transformation (it was created inside jit, vmap or grad). Call gradsan outside "
+    "that transformation, passing the value as an argument."
+)
+
+
+def check_concrete_outputs(out: Any, who: str) -> None:
+    """The user's call returned tracers from concrete arguments: it closes over a traced value."""
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
+        raise UsageError(_CLOSES.format(who=who))
+
+
+def trace_call(call: FlatCall, who: str, inside_ok: bool = False) -> Traced:
     """Trace ``call`` to a jaxpr, with a clear error for what JAX cannot trace.
 
     Outputs JAX cannot carry (a string, a metrics dict holding names, a non-array ``has_aux``)
-    are kept aside and come back in ``out_shape`` as they were returned.
+    are kept aside and come back in ``out_shape`` as they were returned. ``inside_ok``: the
+    caller re-emits the program inside the enclosing trace (nansafe under jit), so tracer
+    arguments and captured tracers are fine.
     """
-    check_not_traced(call.flat, who)
+    if not inside_ok:
+        check_not_traced(call.flat, who)
     box: dict[str, Any] = {}
 
     def arrays_only(*leaves: Any) -> list:
@@ -260,38 +373,59 @@ def trace_call(call: FlatCall, who: str) -> Traced:
                 "(jax.grad(lambda p: jnp.mean(loss(p)))), or use jax.jacrev for a Jacobian."
             ) from e
         raise
-    if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
-        raise UsageError(
-            f"gradsan.jax.{who}: the function closes over a value traced by an enclosing "
-            "transformation (it was created inside jit, vmap or grad). Call gradsan outside "
-            "that transformation, passing the value as an argument."
-        )
+    if not inside_ok and any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+        raise UsageError(_CLOSES.format(who=who))
     it = iter(shapes)
     full = [next(it) if k else x for x, k in zip(box["flat"], box["keep"])]
     return Traced(closed, jax.tree_util.tree_unflatten(box["tree"], full), list(box["keep"]))
 
 
+def effects_notes(jaxpr: Any, skipped: int) -> list[str]:
+    """What a replay of ``jaxpr`` did with the program's callbacks, in one line each: the
+    ``io_callback`` whose results the program uses ran again (its side effect repeated)."""
+    from ._source import place
+    from .interpreter._core import rerun_callbacks
+
+    notes = []
+    for eqn in rerun_callbacks(jaxpr):
+        frame = place(eqn.source_info).user
+        at = f" at {frame.file}:{frame.line} ({frame.function})" if frame is not None else ""
+        notes.append(
+            f"the io_callback{at} returns values the program uses, so gradsan's replay ran it "
+            "again: its side effect was repeated (callbacks that return nothing "
+            f"({skipped} here) are not re-run)."
+        )
+    return notes
+
+
 # -- sanitize's tracing, and tangents along directions -------------------------------------------
 
 
-def trace(fun: Callable, args: tuple, kwargs: dict) -> tuple[Any, list, Any]:
-    """(closed jaxpr, flat args, in_tree) of ``fun`` at ``args``; static arguments of a jit
-    stay bound."""
+def trace(fun: Callable, args: tuple, kwargs: dict, who: str = "sanitize") -> tuple[Any, list, Any]:
+    """(closed jaxpr of the array outputs, flat traced args, in_tree) of ``fun`` at ``args``;
+    static arguments of a jit and non-array leaves stay bound (:func:`flatten_call`)."""
     call = flatten_call(fun, args, kwargs)
     flat_args = [
         jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a for a in call.flat
     ]
-    closed = jax.make_jaxpr(call.fun)(*flat_args)
+    closed = trace_call(call._replace(flat=flat_args), who).closed
     return closed, flat_args, call.in_tree
 
 
-def leaf_owner(args: tuple, kwargs: dict) -> list[int | str]:
-    """For each flat leaf of (args, kwargs): its positional index or keyword name."""
+def leaf_owner(args: tuple, kwargs: dict, fun: Callable | None = None) -> list[int | str]:
+    """For each traced leaf of (args, kwargs) (:func:`flatten_call`'s ``flat``): its positional
+    index or keyword name. With ``fun``, a jitted function's static arguments have none."""
+    s_pos, s_names = _compat.jit_statics(fun) if fun is not None else ((), ())
+    tree = (
+        tuple(None if i in s_pos else a for i, a in enumerate(args)),
+        {k: (None if k in s_names else v) for k, v in kwargs.items()},
+    )
     owner: list[int | str] = []
-    for i, a in enumerate(args):
-        owner += [i] * len(jax.tree_util.tree_leaves(a))
-    for k, v in kwargs.items():
-        owner += [k] * len(jax.tree_util.tree_leaves(v))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not is_traced_leaf(leaf):
+            continue
+        head, first = path[0], path[1]
+        owner.append(first.idx if getattr(head, "idx", None) == 0 else first.key)  # type: ignore[attr-defined]
     return owner
 
 

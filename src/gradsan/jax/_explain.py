@@ -23,6 +23,7 @@ from ._call import (
     arg_labels,
     check_args,
     check_callable,
+    effects_notes,
     flatten_call,
     output_labels,
     trace_call,
@@ -838,17 +839,18 @@ def diagnose(
     call = flatten_call(fun, args, kwargs, trace_fun)
     labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
     check_args(leaves, labels, who)
-    flat_args = call.flat
+    labels, flat_args = call.labels, call.flat
 
     traced = trace_call(call, who)
+    if outputs is None and run_outputs:
+        outputs = fun(*args, **kwargs)  # the user's call, first: the replay repeats no effect
     interp = Provenance()
     with _compat.mesh_context(flat_args):
         outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
     every_label = output_labels(fun, traced.out_shape, args, labels)
     out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
-    if outputs is None and run_outputs:
-        outputs = fun(*args, **kwargs)
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
+    report.notes.extend(effects_notes(traced.closed.jaxpr, interp.effects_skipped))
     blame: Blame = Blame(_Dataflow())
     groups: dict[int, tuple[Node, Node | Poison | None, list[OutputHit]]] = {}
     order: list[int] = []

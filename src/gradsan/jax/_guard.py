@@ -3,12 +3,16 @@ replay the interpreter on the same inputs and raise NonFiniteError with the repo
 
 For a jitted function the flag is computed inside the same compiled program (one fused
 reduction over the outputs), so a healthy step pays almost nothing. Donation is dropped from
-that program so the inputs survive for the replay (``keep_inputs=False`` keeps it).
+that program so the inputs survive for the replay, and guard says so in one log line
+(``keep_inputs=False`` keeps it: JAX donates as without gradsan, and a failing step whose
+inputs were consumed is reported by its bad outputs).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,27 +20,72 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._errors import NonFiniteError
+from .._errors import NonFiniteError, UsageError
 from .._report import OutputHit, Report
 from ._call import check_callable
 from ._explain import diagnose
-from ._flags import finite_flag, host_flag, nonfinite_leaves, separate_flag
+from ._flags import (
+    FUSE_LIMIT,
+    chunked_flag,
+    finite_flag,
+    float_leaves,
+    host_flag,
+    nonfinite_leaves,
+)
+
+_INSIDE = (
+    "gradsan.jax.guard was called inside a JAX transformation (jit, vmap, grad, scan ...) or "
+    "on a function closing over a value traced by one: its outputs are tracers, so there is "
+    "no value to check. Guard the transformed function from outside: "
+    "gradsan.jax.guard(jax.jit(step))(params, batch)"
+)
+
+
+def decided(ok: Any) -> bool:
+    """The host value of a flag returned by :meth:`Checker.start` (waits for it)."""
+    return _decided(ok)
+
+
+def _decided(ok: Any) -> bool:
+    """The host value of a flag; a clear error when it is a tracer (guard inside a trace)."""
+    if isinstance(ok, jax.core.Tracer):
+        raise UsageError(_INSIDE)
+    if isinstance(ok, jax.Array):
+        return bool(ok.item())  # about 100 us less than bool(array), which checks and profiles
+    return bool(ok)
+
+
+def _identity(inner: Callable) -> tuple[tuple, tuple] | None:
+    """(key, objects) naming what ``inner`` computes: its code, the objects its closure cells
+    hold, its globals and defaults. Two functions with the same identity compute the same
+    thing (a ``jax.jit(f)`` re-created per call, a lambda re-made in a loop over the same
+    values); the objects are kept beside the key, so an id is never reused while cached."""
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return ("obj", id(inner)), (inner,)
+    try:
+        cells = tuple(c.cell_contents for c in (inner.__closure__ or ()))
+    except ValueError:  # an empty cell
+        return None
+    objs = (*cells, inner.__globals__, inner.__defaults__, inner.__kwdefaults__)
+    return (code, tuple(id(o) for o in objs)), objs
+
+
+_FUSED: collections.OrderedDict = collections.OrderedDict()
+_FUSED_MAX = 256
 
 
 def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
     """The jitted ``fun`` recompiled to also return the flag, with the same static and
-    donation options; None when ``fun`` is not a plain ``jax.jit`` function."""
+    donation options; None when ``fun`` is not a plain ``jax.jit`` function. One fused
+    program per (function identity, options): a jit re-created per call reuses it, and with
+    it jax's cache of its traces and compiled executables."""
     info = getattr(fun, "_jit_info", None)
     inner = getattr(fun, "__wrapped__", None)
     if info is None or inner is None or getattr(info, "user_specified_in_shardings", False):
         return None
     if not hasattr(fun, "lower"):  # jax.grad(jax.jit(f)) copies _jit_info and __wrapped__ = f
         return None
-
-    def with_flag(*args: Any, **kwargs: Any):
-        out = inner(*args, **kwargs)
-        return out, finite_flag(out)
-
     opts: dict[str, Any] = {
         "static_argnums": info.static_argnums,
         "static_argnames": info.static_argnames,
@@ -45,20 +94,45 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
     if not keep_inputs:
         opts["donate_argnums"] = info.donate_argnums
         opts["donate_argnames"] = info.donate_argnames
+    ident = _identity(inner)
+    key = None
+    if ident is not None:
+        key = (ident[0], tuple(sorted((k, repr(v)) for k, v in opts.items())))
+        hit = _FUSED.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[1], ident[1])):
+            _FUSED.move_to_end(key)
+            return hit[0]
+
+    def with_flag(*args: Any, **kwargs: Any):
+        out = inner(*args, **kwargs)
+        return out, finite_flag(out)
+
     try:
-        return jax.jit(functools.wraps(inner)(with_flag), **opts)
+        fused = jax.jit(functools.wraps(inner)(with_flag), **opts)
     except Exception:  # pragma: no cover - unusual jit options: fall back to a separate check
         return None
+    if key is not None and ident is not None:
+        _FUSED[key] = (fused, ident[1])
+        if len(_FUSED) > _FUSED_MAX:
+            _FUSED.popitem(last=False)
+    return fused
 
 
-def _summary_report(fun: Callable, out: Any) -> Report:
+def _bad_outputs(fun: Callable, out: Any) -> Report:
+    """A report that lists the non-finite outputs only (no replay)."""
     report = Report(outputs=out, function=getattr(fun, "__name__", "function"), backend="jax")
     bad = [
         str(OutputHit(path or "output", int((~jnp.isfinite(x)).sum()), int(x.size)))
         for path, x in nonfinite_leaves(out)
     ]
-    report.notes.append(
-        "non-finite outputs: " + ", ".join(bad) + ". The inputs were donated to the step, so "
+    report.notes.append("non-finite outputs: " + ", ".join(bad) + ".")
+    return report
+
+
+def _summary_report(fun: Callable, out: Any) -> Report:
+    report = _bad_outputs(fun, out)
+    report.notes[-1] = report.notes[-1][:-1] + (
+        ". The inputs were donated to the step, so "
         "they could not be replayed: use gradsan.jax.guard(step) without keep_inputs=False, or "
         "run gradsan.jax.explain(step) on a copy of the inputs."
     )
@@ -89,6 +163,7 @@ class Checker:
 
     def __init__(self, fun: Callable, *, keep_inputs: bool = True, background: bool = True):
         self.fun = fun
+        self.keep_inputs = keep_inputs
         self.fused = fused = _fused(fun, keep_inputs)
         info = getattr(fun, "_jit_info", None)
         self.donating = bool(getattr(info, "donate_argnums", ()))
@@ -122,35 +197,92 @@ class Checker:
         state["thread"] = t
         t.start()
 
+    def _too_many(self, args: tuple, kwargs: dict) -> bool:
+        """Whether the step has more float outputs than a fused flag compiles well with (read
+        from the fused program's abstract evaluation, whose trace its call reuses)."""
+        try:
+            # the fused jit's own trace (cached with it): a jit re-created per call pays none
+            shape = self.fused.eval_shape(*args, **kwargs)[0]  # type: ignore[union-attr]
+        except Exception:  # arguments it cannot take abstractly: fuse as before
+            return False
+        return len(float_leaves(shape)) > FUSE_LIMIT
+
+    def start(self, args: tuple, kwargs: dict) -> tuple[Any, Any, Callable | None]:
+        """Like :meth:`run`, without waiting for the flag: ``(out, flag, via)`` where ``flag``
+        is a device array still being computed (read it with :func:`decided`) when the fused
+        program ran, else the bool :meth:`run` returns. The call is dispatched as JAX would
+        dispatch it, asynchronously."""
+        fused, state = self.fused, self.state
+        if fused is not None and state["use_jit"] and state.get("sized"):
+            out, ok = fused(*args, **kwargs)
+            return out, ok, fused  # a tracer flag: called inside a trace (the caller decides)
+        return self.run(args, kwargs)
+
     def run(self, args: tuple, kwargs: dict) -> tuple[Any, bool, Callable | None]:
         fused, state = self.fused, self.state
+        if fused is not None and state["use_jit"] and not state.get("sized"):
+            state["sized"] = True
+            if self._too_many(args, kwargs):
+                self.fused = fused = None
         if fused is None:
             out = self.fun(*args, **kwargs)
-            return out, bool(separate_flag(out)), None
+            return out, _decided(chunked_flag(out)), None
         compiled = state["compiled"]
         if compiled is not None and not state["use_jit"]:
             try:
                 out, ok = compiled(*args, **kwargs)
-                return out, bool(ok), fused
+                return out, _decided(ok), fused
             except (TypeError, ValueError):  # other shapes: jit compiles per signature
                 state["use_jit"] = True
         if state["use_jit"]:
             out, ok = fused(*args, **kwargs)
-            return out, bool(ok), fused
+            return out, _decided(ok), fused
         out = self.plain(*args, **kwargs)
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
+            raise UsageError(_INSIDE)
+        if state["thread"] is None and len(float_leaves(out)) > FUSE_LIMIT:
+            state["sized"] = True  # too many outputs to fuse the flag: the step as it is
+            self.fused = None
+            return out, host_flag(out), None
         if state["thread"] is None:
             self._compile_in_background(_abstract(args), _abstract(kwargs))
         return out, host_flag(out), None
 
+    def donation_note(self) -> str | None:
+        """One line saying what happened to ``fun``'s buffer donation under this checker."""
+        if not self.donating:
+            return None
+        info = getattr(self.fun, "_jit_info", None)
+        nums = tuple(getattr(info, "donate_argnums", ()))
+        name = getattr(self.fun, "__name__", "function")
+        if self.keep_inputs:
+            return (
+                f"gradsan.jax.guard: `{name}` donates arguments {nums}; guard turned the "
+                "donation off so that a failing step's inputs survive for the replay "
+                "(guard(step, keep_inputs=False) keeps it and lists the bad outputs only)."
+            )
+        return None
+
     def report(self, args: tuple, kwargs: dict, out: Any, via: Callable | None) -> Report:
         """Replay the failed call through the interpreter: the report of where it went
-        non-finite."""
+        non-finite. Inputs consumed by buffer donation cannot be replayed: then the report
+        lists the bad outputs and says why."""
+        if self.donating and any(
+            isinstance(x, jax.Array) and x.is_deleted()
+            for x in jax.tree_util.tree_leaves((args, kwargs))
+        ):
+            return _summary_report(self.fun, out)
         trace_fun: Callable | None
         if via is not None:
             trace_fun = lambda *a, **k: via(*a, **k)[0]  # noqa: E731
         else:
             trace_fun = self.plain if self.plain is not self.fun else None
-        report = diagnose(self.fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
+        try:
+            report = diagnose(self.fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
+        except UsageError as e:  # a function the replay cannot trace: say why, keep the error
+            report = _bad_outputs(self.fun, out)
+            report.notes.append(f"the call could not be replayed: {e}")
+            return report
         if not report.findings:
             report.notes.append(
                 "the compiled function returned a non-finite value, but the replay through "
@@ -181,16 +313,19 @@ def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
     check_callable(fun, "guard")
     checker = Checker(fun, keep_inputs=keep_inputs)
     run = checker.run
-    summary_only = checker.donating and not keep_inputs
+    note = checker.donation_note()
+    if note is not None:  # never dropped silently: one line, once per guarded function
+        logging.getLogger("gradsan").warning(note)
 
     @functools.wraps(fun)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         out, ok, via = run(args, kwargs)
         if ok:
             return out
-        if summary_only:
-            raise NonFiniteError(_summary_report(fun, out))
-        raise NonFiniteError(checker.report(args, kwargs, out, via))
+        report = checker.report(args, kwargs, out, via)
+        if note is not None:
+            report.notes.append(note)
+        raise NonFiniteError(report)
 
     guarded.__gradsan_guarded__ = True  # type: ignore[attr-defined]
     guarded._gradsan_state = checker.state  # type: ignore[attr-defined]

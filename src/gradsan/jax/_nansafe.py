@@ -47,7 +47,7 @@ from .._report import Frame, Report
 from .._report._build import build, merged
 from .._report._messages import REASON_UNSELECTED
 from . import _compat, _nansafe_limit, _rules
-from ._call import arg_labels, check_args, check_callable
+from ._call import arg_labels, check_args, check_callable, flatten_call, trace_call
 from ._compat import bind as _bind
 from ._source import exclude_gradsan, place
 from .interpreter import Scope
@@ -905,6 +905,61 @@ _Emitter.rules = {**RESTAGE, _compat.cond_p: _restage_cond}
 
 # -- the public transformation -----------------------------------------------------------------
 
+_IN_JIT = (
+    "gradsan.jax.nansafe(..., report=True) cannot return a Report from inside "
+    "jax.jit; wrap the jitted function instead: "
+    "gradsan.jax.nansafe(jax.jit(fun), report=True)(*args)"
+)
+
+
+def _all_finite(tree: Any) -> bool:
+    """Whether every float leaf of ``tree`` is finite (checked on the host)."""
+    return all(
+        bool(np.isfinite(np.asarray(x)).all())
+        for x in jax.tree_util.tree_leaves(tree)
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+    )
+
+
+def _assemble(traced: Any, outs: list, plain: Any) -> Any:
+    """The output pytree from the re-emitted array outputs: leaves JAX cannot carry come from
+    the user's own call (or the trace), Python numbers keep their type."""
+    leaves, tree = jax.tree_util.tree_flatten(traced.out_shape)
+    mine = jax.tree_util.tree_leaves(plain) if plain is not None else leaves
+    if len(mine) != len(leaves):
+        mine = leaves
+    it = iter(outs)
+    full = []
+    for k, orig in zip(traced.is_array, mine):
+        if not k:
+            full.append(orig)
+            continue
+        v = next(it)
+        if type(orig) in (bool, int, float, complex) and not isinstance(v, jax.core.Tracer):
+            v = type(orig)(np.asarray(v).item())
+        full.append(v)
+    return jax.tree_util.tree_unflatten(tree, full)
+
+
+def _explain_left(rep: Report, fun: Callable, args: tuple, kwargs: dict, result: Any) -> None:
+    """nansafe repaired nothing and an output is still non-finite (a NaN in the data, an
+    overflow): the report says where it came from, as explain would, never "no findings"."""
+    from ._explain import diagnose
+
+    try:
+        found = diagnose(fun, args, kwargs, who="nansafe", outputs=result)
+    except UsageError as e:
+        rep.notes.append(f"an output is non-finite and nansafe repaired nothing; {e}")
+        return
+    rep.findings.extend(found.findings)
+    rep.notes.extend(found.notes)
+    if not found.findings:
+        rep.notes.append(
+            "an output is non-finite and nansafe repaired nothing: no 0 * inf to repair, and "
+            "the replay through the interpreter stayed finite."
+        )
+
+
 _counter = itertools.count()
 
 
@@ -951,18 +1006,30 @@ def nansafe(
 
     @functools.wraps(fun)
     def wrapped(*args: Any, **kwargs: Any):
-        labels, leaves = arg_labels(fun, args, kwargs)
+        call = flatten_call(fun, args, kwargs)
+        labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
         check_args(leaves, labels, "nansafe")
-        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        flat = call.flat
         tracing = any(isinstance(x, jax.core.Tracer) for x in flat)
         if report and tracing:
-            raise UsageError(
-                "gradsan.jax.nansafe(..., report=True) cannot return a Report from inside "
-                "jax.jit; wrap the jitted function instead: "
-                "gradsan.jax.nansafe(jax.jit(fun), report=True)(*args)"
-            )
+            raise UsageError(_IN_JIT)
+        plain = None
+        if not tracing:
+            # G0: the user's own program, run as the user runs it; nothing else when finite
+            plain = fun(*args, **kwargs)
+            if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(plain)):
+                tracing = True  # it closes over a value traced outside: re-emit in that trace
+                if report:
+                    raise UsageError(_IN_JIT)
+            elif _all_finite(plain):
+                if not report:
+                    return plain
+                rep = Report(function=getattr(fun, "__name__", "function"), backend="jax")
+                rep.outputs = plain
+                return plain, rep
         key = (
-            in_tree,
+            call.in_tree,
+            call.statics,
             tuple(
                 (
                     np.shape(x),
@@ -976,12 +1043,8 @@ def nansafe(
         )
         entry = cache.get(key)
         if entry is None:
-
-            def flat_fun(*fl):  # a fresh closure per trace: make_jaxpr caches per callable (P7)
-                a, k = jax.tree_util.tree_unflatten(in_tree, list(fl))
-                return fun(*a, **k)
-
-            closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*flat)
+            traced = trace_call(call, "nansafe", inside_ok=True)
+            closed = traced.closed
             em = _Emitter(mode, report)
             jaxpr, consts = closed.jaxpr, list(closed.consts)
             in_metas = []
@@ -996,16 +1059,20 @@ def nansafe(
                 )
                 return outs, (em.acc if report else {})
 
-            out_tree = jax.tree_util.tree_structure(out_shape)
-            entry = (em, run, out_tree, out_shape)
+            entry = (em, run, traced)
             if not any(isinstance(c, jax.core.Tracer) for c in consts):
                 cache[key] = entry
-        em, run, out_tree, out_shape = entry
+        em, run, traced = entry
+        # eagerly the user's call already ran (plain): its side effects are not made again;
+        # under a trace this re-emission is the user's run
+        em.replay = plain is not None
         outs, flags = run(*flat)
+        out_tree = jax.tree_util.tree_structure(traced.out_shape)
         limit = None
-        if ask and tracing:
-            outs = _nansafe_limit.limit_in_program(fun, flat, in_tree, outs, out_tree)
-        result = jax.tree_util.tree_unflatten(out_tree, outs)
+        if ask and tracing and all(traced.is_array):
+            every, every_tree = jax.tree_util.tree_flatten((args, kwargs))
+            outs = _nansafe_limit.limit_in_program(fun, every, every_tree, outs, out_tree)
+        result = _assemble(traced, outs, plain)
         if ask and not tracing:
             limit = _nansafe_limit.host_limit(fun, args, kwargs, result)
             if limit is not None:
@@ -1016,6 +1083,8 @@ def nansafe(
         if limit is not None:
             rep.findings = [f for f in rep.findings if f.kind != "unresolved"]
             rep.findings.append(limit[1])
+        if not rep.findings and not _all_finite(result):
+            _explain_left(rep, fun, args, kwargs, result)
         rep.outputs = result
         return result, rep
 

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -30,10 +31,19 @@ from .._report import Finding, Frame, Report
 from .._report._build import build
 from .._report._format import format_value
 from . import _compat, _depends
-from ._call import check_callable, leaf_owner, random_directions, read_tangents, trace
+from ._call import (
+    check_callable,
+    check_concrete_outputs,
+    check_not_traced,
+    leaf_owner,
+    random_directions,
+    read_tangents,
+    trace,
+)
 from ._compat import bind as _bind
 from ._conventions import convention, trivial_mask
 from ._explain import diagnose
+from ._flags import host_flag
 from ._rules import (
     COMPARISONS,
     call_library,
@@ -603,7 +613,7 @@ def kink_report(
     finding only when the gradient depends on it (:mod:`gradsan.jax._depends`)."""
     target, tnums = differentiated(fun, nums)
     closed, flat_args, ev = scan_kinks(target, args, kwargs)
-    owner = leaf_owner(args, kwargs)
+    owner = leaf_owner(args, kwargs, fun)
     fname = getattr(fun, "__name__", "function")
     if has_backward(closed) or directions <= 0:
         want = {k.key for k in ev.kinks if not k.summarized and k.op in TIES}
@@ -797,26 +807,24 @@ def sanitize(
 
     @functools.wraps(fun)
     def sanitized(*args: Any, **kwargs: Any) -> Report:
-        outputs = kinks = bad = None
+        check_not_traced(jax.tree_util.tree_leaves((args, kwargs)), "sanitize")
+        # G0: the outputs are the user's own call; the screen only counts kinks
+        outputs = fun(*args, **kwargs)
+        check_concrete_outputs(outputs, "sanitize")
+        kinks = None
         if screen_ok(fun, args, kwargs):
             try:
-                outputs, kinks, bad = screener(args, kwargs)
+                kinks = screener(args, kwargs)[1]
             except Exception:  # anything the screen cannot trace: the full evaluation says why
-                outputs = None
-        if outputs is not None and not bad:
+                kinks = None
+        if kinks is not None and host_flag(outputs):
             report = Report(
                 outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax"
             )
             if not kinks:
                 return report
         else:
-            report = diagnose(
-                fun,
-                args,
-                kwargs,
-                who="sanitize",
-                **({} if outputs is None else {"outputs": outputs}),
-            )
+            report = diagnose(fun, args, kwargs, who="sanitize", outputs=outputs)
         ign = set(ignore)
         report.findings = [
             f for f in report.findings if f.catalog_id not in ign and f.primitive not in ign

@@ -89,6 +89,31 @@ def _mover(loss: Callable, argnums, n: int) -> Callable:
     return moved
 
 
+def _nonfinite_input(f: Callable, name: str, args: tuple, kwargs: dict) -> Report | None:
+    """When a NaN or Inf already in the arguments reaches the gradient there is no limit to
+    certify: the report names that input (explain's finding), never "undecided"."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    if all(
+        np.isfinite(np.asarray(x)).all()
+        for x in leaves
+        if hasattr(x, "dtype") and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+    ):
+        return None
+    from .._explain import diagnose
+
+    found = diagnose(jax.grad(f), args, kwargs, who="certify")
+    inputs = [x for x in found.findings if x.catalog_id == "nonfinite-input"]
+    if not inputs:
+        return None
+    report = Report(outputs=None, function=name, backend="jax")
+    report.findings.extend(inputs)
+    report.notes.append(
+        "certify: the gradient is non-finite because an argument already holds NaN or Inf; "
+        "there is no limit to certify at this point."
+    )
+    return report
+
+
 def certify(
     fun: Callable,
     *,
@@ -132,6 +157,9 @@ def certify(
             if f is None:
                 f = moved_by_n[len(args)] = _mover(loss, argnums, len(args))
             args = f.select(args)
+        bad_input = _nonfinite_input(f, name, args, kwargs)
+        if bad_input is not None:
+            return bad_input
         with jax.enable_x64(True):
             return _run(f, how, name, args, kwargs, directions, num_directions, terms, key, traced)
 

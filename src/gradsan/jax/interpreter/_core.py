@@ -28,7 +28,7 @@ from ..._report import Frame
 from .. import _compat
 from .._source import place
 
-__all__ = ["Interpreter", "Rule", "Scope", "library_name", "to_numpy"]
+__all__ = ["Interpreter", "Rule", "Scope", "library_name", "rerun_callbacks", "to_numpy"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -59,6 +59,29 @@ Rule = Callable[..., tuple[list, list]]
 
 
 _LAST_USE: dict[int, list] = {}
+
+_EFFECTS = frozenset({"debug_callback", "io_callback", "debug_print"})
+"""Callback primitives run for their side effects (skipped by a replay when they return
+nothing; a replay still runs one whose results the program uses)."""
+
+
+def rerun_callbacks(jaxpr: Any) -> list:
+    """The ``io_callback`` equations of ``jaxpr`` (nested bodies too) whose results the program
+    uses: a replay has to run them again, repeating their side effects."""
+    found: list = []
+
+    def walk(j: Any) -> None:
+        for eqn in j.eqns:
+            if eqn.primitive.name == "io_callback" and eqn.outvars:
+                found.append(eqn)
+            for p in eqn.params.values():
+                for sub in p if isinstance(p, (tuple, list)) else (p,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr)
+    return found
 
 
 def _last_use(jaxpr: Any) -> list[list]:
@@ -122,9 +145,14 @@ class Interpreter:
 
     rules: ClassVar[dict[Any, Rule]] = {}
     free_dead: ClassVar[bool] = True  # free each value after its last use
+    # a replay of a call that already ran: callbacks with no results (``jax.debug.print``,
+    # an ``io_callback`` that logs) are side effects the user's call made once; they are not
+    # made again. A transformation that *is* the user's run (nansafe) sets this False.
+    replay: bool = True
 
     def __init__(self) -> None:
         self._scope_ids = itertools.count(1)
+        self.effects_skipped = 0  # side-effect callbacks not re-run by this replay
 
     # -- what a transformation provides ------------------------------------------------------
     def first_order(
@@ -181,7 +209,11 @@ class Interpreter:
             return vals, sides
 
         base = scope.key
+        replay = self.replay
         for i, eqn in enumerate(jaxpr.eqns):
+            if replay and not eqn.outvars and eqn.primitive.name in _EFFECTS:
+                self.effects_skipped = getattr(self, "effects_skipped", 0) + 1
+                continue
             invals, insides = read(eqn.invars)
             key = (*base, i)
             rule = rules.get(eqn.primitive)

@@ -1,0 +1,128 @@
+"""The cost parts of the call path (issue 17), checked by what runs, never by wall-clock time:
+a jit re-created per call is traced once, deferred flags report the call they belong to, and
+the many-leaf flag decides as the per-leaf one does. Timings: benchmarks/bench_call_cost.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradsan._run import _patch_jax
+from gradsan._run._hooks import Hooks
+from gradsan.jax import _flags
+
+
+class Failed(Exception):
+    pass
+
+
+@pytest.fixture
+def hooks():
+    got: list = []
+
+    def on_failure(f):
+        got.append(f)
+        raise Failed(f.call)
+
+    h = Hooks(on_failure)
+    _patch_jax.patch_jax(h, jax)
+    h.failures = got
+    yield h
+    h.uninstall()
+
+
+def test_jit_recreated_per_call_is_traced_once(hooks):
+    traces = []
+
+    def f(x):
+        traces.append(1)  # runs only while JAX traces f
+        return jnp.tanh(x) * 2.0
+
+    x = jnp.ones(4)
+    for _ in range(6):
+        x = jax.jit(f)(x)
+    assert isinstance(jax.jit(f), _patch_jax.Watched)  # the patch did wrap it
+    assert len(traces) == 1
+
+
+def test_a_lambda_remade_over_the_same_values_reuses_the_program(hooks):
+    traces = []
+    scale = jnp.float32(3.0)
+
+    def make():
+        def g(x):
+            traces.append(1)
+            return x * scale
+
+        return g
+
+    for _ in range(4):
+        jax.jit(make())(jnp.ones(2))
+    assert len(traces) == 1
+
+
+def test_deferred_flags_report_the_call_they_belong_to(hooks, monkeypatch):
+    monkeypatch.setattr(_patch_jax, "_accelerated", lambda: True)
+    hooks.defer_flags = True
+    step = jax.jit(lambda x, k: jnp.log(x - k))
+    x = jnp.ones(3) * 5.0
+    step(x, 1.0)
+    step(x, 2.0)
+    step(x, 5.0)  # the 3rd call goes -inf; its flag is read during the 4th
+    with pytest.raises(Failed) as e:
+        step(x, 1.0)
+    assert e.value.args == (3,) and hooks.failures[0].call == 3
+    assert hooks.failures[0].report.findings[0].primitive == "log"
+
+
+def test_deferred_flag_of_the_last_call_is_read_at_the_flush(hooks, monkeypatch):
+    monkeypatch.setattr(_patch_jax, "_accelerated", lambda: True)
+    hooks.defer_flags = True
+    step = jax.jit(lambda x: jnp.sqrt(x))
+    step(jnp.ones(2))
+    step(-jnp.ones(2))  # the last call: nothing reads its flag but the flush
+    with pytest.raises(Failed) as e:
+        _patch_jax.flush_pending(hooks)
+    assert e.value.args == (2,)
+
+
+@pytest.mark.parametrize("n", [3, _flags.CHUNK * 2 + 5])
+def test_chunked_flag_decides_as_the_fused_one(n):
+    leaves = [jnp.full((i % 3 + 1,), float(i), jnp.float32) for i in range(n)]
+    leaves.append(jnp.ones(2, jnp.float16))
+    leaves.append(jnp.array([1 + 2j], jnp.complex64))
+    fused = jax.jit(_flags.finite_flag)
+
+    def flag(out):
+        a, b = bool(fused(out)), bool(_flags.chunked_flag(out))
+        assert a == b
+        return a
+
+    assert flag(leaves)
+    for bad in (np.nan, np.inf, -np.inf):
+        for where in (0, n // 2, n + 1):
+            broken = list(leaves)
+            broken[where] = broken[where].at[0].set(bad)
+            assert not flag(broken), (bad, where)
+    big = list(leaves)
+    big[1] = jnp.full((2,), 3e38, jnp.float32)  # finite, and sums overflow: no false alarm
+    assert flag(big)
+
+
+@pytest.mark.parametrize("background", [True, False], ids=["guard", "run"])
+def test_many_outputs_are_not_fused_and_still_reported(background):
+    from gradsan.jax._guard import Checker
+
+    n = _flags.FUSE_LIMIT + 1
+
+    @jax.jit
+    def step(x):
+        return [jnp.log(x - i * 0.0) for i in range(n)]
+
+    c = Checker(step, background=background)
+    out, ok, via = c.run((jnp.ones(2),), {})
+    assert ok and via is None and c.fused is None  # the step as it is, the flag apart
+    out, ok, via = c.run((jnp.zeros(2),), {})
+    assert not ok
+    rep = c.report((jnp.zeros(2),), {}, out, via)
+    assert rep.findings and rep.findings[0].primitive == "log"
