@@ -97,6 +97,9 @@ def run(
                 **json.loads(failure.report.to_json()),
             }
         )
+    hooks.stats.backward += hooks.torch_calls
+    if failure is None:
+        say(hooks.stats.line()[len("gradsan: ") :])
     if json_path:
         with open(json_path, "w") as fh:
             json.dump({"exit_code": code, "reports": reports}, fh, indent=2)
