@@ -37,6 +37,7 @@ from ._replay import replay_child, replay_in_child
 from ._repro import jax_repro_main as jax_repro_main  # the repro.py files import these two
 from ._repro import torch_repro_main as torch_repro_main
 from ._repro import write_repro
+from ._traceback import EXIT_INTERNAL
 
 
 def run(
@@ -98,8 +99,9 @@ def run(
             }
         )
     hooks.stats.backward += hooks.torch_calls
-    if failure is None:
-        say(hooks.stats.line()[len("gradsan: ") :])
+    if failure is None and code != EXIT_INTERNAL:
+        finite = "all finite" if code == 0 else "all finite up to the script's exit"
+        say(hooks.stats.line(finite=finite)[len("gradsan: ") :])
     if json_path:
         with open(json_path, "w") as fh:
             json.dump({"exit_code": code, "reports": reports}, fh, indent=2)

@@ -181,7 +181,7 @@ def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure
     code = 0
     failure = None
     try:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_path(os.path.abspath(script), run_name="__main__")  # one path style
     except Stop as s:
         failure = s.failure
         code = EXIT_NONFINITE if failure is not None else 0
@@ -189,6 +189,10 @@ def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
+    except Exception as e:  # the script's error (or gradsan's own): Python's way, less our frames
+        from ._traceback import report_script_error
+
+        code = report_script_error(e)
     finally:
         hooks.uninstall()
         sys.argv = old_argv

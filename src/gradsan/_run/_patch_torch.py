@@ -47,7 +47,7 @@ def _user_frame_text(depth: int = 2) -> str:
         f = f.f_back
     if f is None:
         return ""
-    return f"{os.path.relpath(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+    return f"{os.path.abspath(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
 
 
 def _leaves_of(roots: list) -> list:

@@ -27,7 +27,7 @@ class Stats:
         self.backward = 0  # torch backward calls checked
         self.tests = 0  # pytest: tests run with checks on
 
-    def line(self, *, where: str = "the script") -> str:
+    def line(self, *, where: str = "the script", finite: str = "all finite") -> str:
         n_fun, n_calls = len(self.calls), sum(self.calls.values())
         parts = []
         if n_fun:
@@ -48,7 +48,7 @@ class Stats:
                 "(jax, equinox, flax NNX) and ran no PyTorch backward"
             )
         else:
-            text = f"gradsan: checked {checked}: all finite"
+            text = f"gradsan: checked {checked}: {finite}"
         skipped = [
             f"{n} eager call{'s' if n != 1 else ''} of {t}" for t, n in self.unchecked.items()
         ]
