@@ -138,6 +138,7 @@ class Hooks:
         """Check from now on, counting backward calls from 1 (the pytest plugin: a test starts)."""
         self.enabled = True
         self.torch_calls = 0
+        self.stats.tests += 1
         self.begin_session(1)
 
     def end_test(self) -> None:

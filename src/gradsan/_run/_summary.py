@@ -26,8 +26,13 @@ class Stats:
         self.unchecked: Counter[str] = Counter()  # "jax.vmap" -> eager calls not checked
         self.backward = 0  # torch backward calls checked
         self.tests = 0  # pytest: tests run with checks on
+        self.allowed = 0  # pytest: tests allowed NaN/Inf (not checked)
+        self.failures = 0  # pytest: tests failed with a report
+        self.installed_files = 0  # pytest: test files from installed packages (--pyargs)
 
-    def line(self, *, where: str = "the script", finite: str = "all finite") -> str:
+    def line(
+        self, *, where: str = "the script", finite: str = "all finite", scope: str = ""
+    ) -> str:
         n_fun, n_calls = len(self.calls), sum(self.calls.values())
         parts = []
         if n_fun:
@@ -44,11 +49,12 @@ class Stats:
         checked = " and ".join(parts) if parts else "nothing"
         if not parts:
             text = (
-                f"gradsan: checked nothing: {where} made no jit/grad function in its own code "
-                "(jax, equinox, flax NNX) and ran no PyTorch backward"
+                f"gradsan: checked nothing{scope}: {where} made no jit/grad function in "
+                f"{'its' if where == 'the script' else 'their'} own code (jax, equinox, "
+                "flax NNX) and ran no PyTorch backward"
             )
         else:
-            text = f"gradsan: checked {checked}: {finite}"
+            text = f"gradsan: checked {checked}{scope}" + (f": {finite}" if finite else "")
         skipped = [
             f"{n} eager call{'s' if n != 1 else ''} of {t}" for t, n in self.unchecked.items()
         ]
