@@ -33,7 +33,9 @@ class Allow:
             try:
                 self.exprs.append(Expression.compile(v))
             except SyntaxError as e:
-                raise pytest.UsageError(f"--gradsan-allow={v!r}: not a keyword expression ({e})")
+                raise pytest.UsageError(
+                    f"--gradsan-allow={v!r}: not a keyword expression ({e})"
+                ) from None
 
     def matches(self, item: pytest.Item) -> bool:
         nid = item.nodeid
