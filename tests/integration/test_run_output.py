@@ -1,6 +1,7 @@
 """How `gradsan run` ends: one line of what it checked (so silence means clean), the script's
 traceback without gradsan's or runpy's frames (exit 1), an error inside gradsan said to be one
-(exit 4), and one path style (absolute) in headers and bodies."""
+(exit 4), and one path style in headers and bodies (relative under the working directory,
+absolute elsewhere)."""
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_an_error_inside_gradsan_says_so_and_exits_4(tmp_path):
     assert "checked" not in r.stderr.splitlines()[-1]
 
 
-def test_torch_header_and_body_use_the_same_absolute_paths(tmp_path):
+def test_torch_header_and_body_use_the_same_path_style(tmp_path):
     s = write(
         tmp_path,
         "t.py",
@@ -84,9 +85,11 @@ def test_torch_header_and_body_use_the_same_absolute_paths(tmp_path):
         torch.sqrt(x).sum().backward()  # the backward
     """,
     )
-    r = gradsan("run", "--trace", s, cwd=tmp_path)
-    assert r.returncode == 3, r.stderr
-    assert (
-        f"loss.backward() at {s}:" in r.stderr or f"at {s}:{line_of(s, 'the backward')}" in r.stderr
-    )
-    assert "../" not in r.stderr
+    (tmp_path / "elsewhere").mkdir()
+    for cwd, shown in ((tmp_path, "t.py"), (tmp_path / "elsewhere", str(s))):  # under cwd: relative
+        r = gradsan("run", "--trace", s, cwd=cwd)
+        assert r.returncode == 3, r.stderr
+        where = f"{shown}:{line_of(s, 'the backward')}"
+        assert f"backward call, at {where} (<module>)" in r.stderr  # the header
+        assert f"origin   {where} (<module>)" in r.stderr  # the body
+        assert "../" not in r.stderr
