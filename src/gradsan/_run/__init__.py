@@ -30,13 +30,14 @@ import os
 import sys
 from typing import Any
 
+from ._capture import EnvRecorder
 from ._failure import EXIT_NONFINITE as EXIT_NONFINITE
-from ._failure import Failure, Stop, say
+from ._failure import Failure, Stop, say, short_path
 from ._hooks import Hooks, run_script
 from ._replay import replay_child, replay_in_child
+from ._repro import check_repro, pickle_structure, write_repro
 from ._repro import jax_repro_main as jax_repro_main  # the repro.py files import these two
 from ._repro import torch_repro_main as torch_repro_main
-from ._repro import write_repro
 from ._traceback import EXIT_INTERNAL
 
 
@@ -64,13 +65,19 @@ def run(
         print(str(report), file=sys.stderr, flush=True)
         reports.append({"kind": "sanitize", "where": where, **json.loads(report.to_json())})
 
+    env = EnvRecorder()
+
     def on_failure(f: Failure) -> None:
+        f.environ = dict(env.read)
+        if f.backend == "jax":
+            f.structure = pickle_structure(f)  # now, while the script's classes are __main__'s
         raise Stop(f)
 
     if replay_step is not None:  # the child of a torch re-run
         return replay_child(script, argv, replay_step, replay_out)
 
     hooks = Hooks(on_failure, trace_from=1 if trace else None, sanitize=sanitize, on_kinks=on_kinks)
+    env.install(hooks)
     code, failure = run_script(script, argv, hooks)
     if failure is not None:
         if failure.backend == "torch" and not failure.traced:
@@ -88,7 +95,12 @@ def run(
         say(failure.header)
         print(str(failure.report), file=sys.stderr, flush=True)
         d = write_repro(failure, script, argv, repro_dir)
-        say(f"reproducer written to {os.path.relpath(d)}/ (python {os.path.relpath(d)}/repro.py)")
+        shown = short_path(d)
+        why_not = check_repro(d, failure.backend)
+        if why_not is None:
+            say(f"reproducer written to {shown}/ (python {shown}/repro.py)")
+        else:  # never announce one that cannot load
+            say(f"the inputs are saved in {shown}/, but its repro.py does not load ({why_not}).")
         reports.append(
             {
                 "kind": "nonfinite",

@@ -47,6 +47,8 @@ class Failure:
     opts: dict = dataclasses.field(default_factory=dict)
     tensors: dict = dataclasses.field(default_factory=dict)  # torch: name -> (value, grad)
     traced: bool = True  # torch: False when the report only lists the non-finite gradients
+    structure: bytes | None = None  # JAX: the inputs' pytree structure, pickled in the run
+    environ: dict = dataclasses.field(default_factory=dict)  # the env variables the script read
 
     @property
     def header(self) -> str:

@@ -87,6 +87,7 @@ class Hooks:
         self.session: Any = None
         self.sanitized: set[int] = set()
         self.stats = Stats()
+        self.capture: Callable[[Any, tuple, dict], None] | None = None  # reproducer re-runs
 
     def install(self) -> Hooks:
         sys.meta_path.insert(0, self.finder)

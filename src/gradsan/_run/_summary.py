@@ -76,6 +76,8 @@ def count_calls(hooks: Hooks, cls: Any) -> None:
     @functools.wraps(orig)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
+        if hooks.capture is not None:  # a reproducer's re-run: stop at the failing call
+            hooks.capture(self, args, kwargs)
         n = self._calls
         try:
             return orig(self, *args, **kwargs)
