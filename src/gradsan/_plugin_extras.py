@@ -93,7 +93,8 @@ def register_test_file(path: str, hooks: Any) -> None:
 
     if not is_user_file(path):
         register_user_file(path)
-        hooks.stats.installed_files += 1
+        if os.path.basename(path) not in ("__init__.py", "conftest.py"):
+            hooks.stats.installed_files += 1
 
 
 def summary_line(hooks: Any) -> str:

@@ -54,6 +54,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # pytest marks an entry-point plugin's whole package for assertion rewriting: every gradsan
+    # module imported in a test would be parsed and recompiled (seconds per session, each time
+    # when bytecode is not cached). gradsan's modules hold no test asserts: import them as is.
+    must = getattr(getattr(config.pluginmanager, "rewrite_hook", None), "_must_rewrite", None)
+    if isinstance(must, set):
+        must.discard("gradsan")
     config.addinivalue_line(
         "markers", "gradsan_allow_nonfinite: gradsan does not check this test (--gradsan)"
     )

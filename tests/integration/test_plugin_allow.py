@@ -111,3 +111,21 @@ def test_tests_in_an_installed_package_are_checked(pytester):
             "functions checked, not the package's*"
         ]
     )
+
+
+def test_gradsan_modules_are_not_assertion_rewritten(pytester):
+    # pytest would parse and recompile every gradsan module imported in a test (an entry-point
+    # plugin's package is marked for rewriting): seconds per session under --gradsan
+    pytester.makepyfile(
+        test_r="""
+        import jax, jax.numpy as jnp
+
+        def test_loader():
+            jax.jit(jnp.sin)(1.0)  # the check imports gradsan.jax
+            import sys
+            loader = type(sys.modules["gradsan.jax._guard"].__loader__).__name__
+            assert loader != "AssertionRewritingHook", loader
+    """
+    )
+    r = pytester.runpytest_subprocess("--gradsan", "-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1)
