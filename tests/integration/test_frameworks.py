@@ -98,3 +98,30 @@ def test_eager_filter_grad_and_nnx_grad_are_checked(tmp_path):
             "the 1st call of" in r.stderr and label in r.stderr
         )
         assert f"eager.py:{line_of(script, marker)}" in r.stderr
+
+
+def test_a_re_created_filter_jit_is_traced_once_as_without_gradsan(tmp_path):
+    # equinox's own test_jit_grad: eqx.filter_jit(eqx.filter_grad(f)) made twice traces f once
+    script = write(
+        tmp_path,
+        "retrace.py",
+        """
+        import equinox as eqx
+        import jax.numpy as jnp
+
+        traces = 0
+
+        def f(x):
+            global traces
+            traces += 1
+            return x + 1
+
+        assert eqx.filter_jit(eqx.filter_grad(f))(jnp.array(1.0)) == 1
+        assert eqx.filter_jit(eqx.filter_grad(f))(jnp.array(2.0)) == 1
+        print("traces", traces)
+    """,
+    )
+    r = gradsan("run", script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["traces", "1"]
+    assert "checked 2 calls of 1 JAX function (`f` (eqx.filter_jit) x2): all finite." in r.stderr

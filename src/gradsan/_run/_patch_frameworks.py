@@ -75,8 +75,7 @@ class FrameworkWatched(Watched):
 
     @property
     def label(self) -> str:
-        name = getattr(self._target, "__qualname__", None) or getattr(self._target, "__name__", "?")
-        return f"`{name}` ({self._framework}.{self._kind})"
+        return f"`{_name(self._target)}` ({self._framework}.{self._kind})"
 
     @property
     def donating(self) -> bool:
@@ -91,22 +90,19 @@ class FrameworkWatched(Watched):
         if self._kind not in ("jit", "filter_jit") or self._fused_failed:
             return None
         if self._fused is None:
-            from ..jax._flags import finite_flag
-
-            target = self._target
-            graph = self._framework == "nnx"
-
-            @functools.wraps(target)
-            def with_flag(*a: Any, **k: Any) -> Any:
-                out = target(*a, **k)
-                watched = (out, _graph_nodes(a, k)) if graph else out
-                return out, finite_flag(_inexact_only(watched))
-
-            try:
-                self._fused = self._make(with_flag, **self._all_opts)
-            except Exception:  # unusual options: check the outputs separately
-                self._fused_failed = True
-                return None
+            key = _cache_key(self._make, self._target, self._opts)
+            fused = _FUSED.get(key) if key is not None else None
+            if fused is None:
+                try:
+                    fused = self._make(_flagged(self._target, self._framework), **self._opts)
+                except Exception:  # unusual options: check the outputs separately
+                    self._fused_failed = True
+                    return None
+                if key is not None:
+                    if len(_FUSED) >= _FUSED_MAX:
+                        _FUSED.pop(next(iter(_FUSED)))
+                    _FUSED[key] = fused
+            self._fused = fused
         return self._fused
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -149,10 +145,6 @@ class FrameworkWatched(Watched):
         )
         return out
 
-    @property
-    def _all_opts(self) -> dict:
-        return self._opts
-
     # -- the replay ---------------------------------------------------------------------------
     def pure(self, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict]:
         """``(fun, array_args, array_kwargs)``: the call as a function of its array leaves
@@ -182,6 +174,76 @@ class FrameworkWatched(Watched):
         report = self.explain_call(args, kwargs, out)
         say(f"replay done in {time.perf_counter() - t0:.1f} s.")
         return report
+
+
+# the fused programs by (transform, function, options): a jit of the same function re-created
+# (``eqx.filter_jit(eqx.filter_grad(f))`` in a loop) reuses the framework's own trace cache,
+# as it does without gradsan
+_FUSED: dict = {}
+_FUSED_MAX = 512
+
+
+def _cache_key(make: Callable, target: Any, opts: dict) -> Any:
+    try:
+        key = (make, target, tuple(sorted(opts.items())))
+        hash(key)
+    except TypeError:  # an unhashable function or option: no cache
+        return None
+    return key
+
+
+def _flagged(target: Callable, framework: str) -> Callable:
+    """``target`` returning its outputs and one finiteness flag (for NNX also of the modules'
+    state after the call)."""
+    from ..jax._flags import finite_flag
+
+    if framework == "eqx":
+        return _eqx_flagged()(target)
+    graph = framework == "nnx"
+
+    @functools.wraps(target)
+    def with_flag(*a: Any, **k: Any) -> Any:
+        out = target(*a, **k)
+        watched = (out, _graph_nodes(a, k)) if graph else out
+        return out, finite_flag(_inexact_only(watched))
+
+    return with_flag
+
+
+_EQX_CLASS: list = []
+
+
+def _eqx_flagged() -> type:
+    """An equinox Module ``(target) -> (outputs, flag)``: a Module compares by its fields, so
+    ``eqx.filter_jit`` of two equal ones hits equinox's trace cache, as the plain
+    ``eqx.filter_jit(eqx.filter_grad(f))`` re-created in a loop does."""
+    if not _EQX_CLASS:
+        import equinox as eqx
+
+        from ..jax._flags import finite_flag
+
+        class WithFinitenessFlag(eqx.Module):
+            target: Callable
+
+            def __call__(self, *a: Any, **k: Any) -> Any:
+                out = self.target(*a, **k)
+                return out, finite_flag(_inexact_only(out))
+
+        _EQX_CLASS.append(WithFinitenessFlag)
+    return _EQX_CLASS[0]
+
+
+def _name(target: Any) -> str:
+    """The user's name for a transformed function (through partials and equinox wrappers)."""
+    for _ in range(4):
+        name = getattr(target, "__qualname__", None)
+        if isinstance(name, str):
+            return name
+        inner = getattr(target, "func", None) or getattr(target, "__wrapped__", None)
+        if inner is None or inner is target:
+            break
+        target = inner
+    return type(target).__qualname__
 
 
 def _graph_nodes(args: tuple, kwargs: dict) -> list:
