@@ -16,7 +16,10 @@ lazily, by an import hook, only if the script imports them:
   re-run).
 
 At the first non-finite gradient gradsan prints the report, writes ``gradsan-repro-<time>/``
-(``inputs.npz`` or ``inputs.pt``, ``meta.json``, ``repro.py``) and exits with status 3.
+(``inputs.npz`` or ``inputs.pt``, ``meta.json``, ``repro.py``; announced only once it loads)
+and exits with status 3. Otherwise the run ends with one line of what was checked and what
+was not (_summary.py). The script's own error prints its traceback without gradsan's frames
+(exit 1); an error inside gradsan says so (exit 4, _traceback.py).
 
 The pieces: _hooks.py (the import hook and the check session, shared with the pytest plugin),
 _patch_jax.py and _patch_torch.py (the patches), _repro.py (the reproducer), _replay.py (the
