@@ -53,6 +53,9 @@ class Allow:
 
 
 def allowed(item: pytest.Item, hooks: Any) -> bool:
+    path = os.path.abspath(str(item.path))
+    if path in hooks.stats.installed_files:
+        hooks.stats.installed_run.add(path)  # a test of an installed package ran
     if item.get_closest_marker(MARKER) is not None:
         return True
     return bool(hooks.allow.matches(item))
@@ -91,10 +94,12 @@ def mark_absl_parameterized(hooks: Any) -> None:
 def register_test_file(path: str, hooks: Any) -> None:
     from ._userfile import is_user_file, register_user_file
 
+    if os.path.abspath(path) in hooks.stats.installed_files:
+        return
     if not is_user_file(path):
         register_user_file(path)
         if os.path.basename(path) not in ("__init__.py", "conftest.py"):
-            hooks.stats.installed_files += 1
+            hooks.stats.installed_files.add(os.path.abspath(path))
 
 
 def summary_line(hooks: Any) -> str:
@@ -109,9 +114,10 @@ def summary_line(hooks: Any) -> str:
             f"{st.allowed} test{'s' if st.allowed != 1 else ''} allowed NaN/Inf "
             f"(@pytest.mark.{MARKER} or --gradsan-allow), not checked"
         )
-    if st.installed_files:
+    if st.installed_run:
+        n = len(st.installed_run)
         extra.append(
-            f"{st.installed_files} test file{'s' if st.installed_files != 1 else ''} from "
+            f"{n} test file{'s' if n != 1 else ''} from "
             "installed packages: only their own jit/grad functions checked, not the package's"
         )
     return text + ("; " + "; ".join(extra) if extra else "") + "."

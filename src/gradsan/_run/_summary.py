@@ -28,7 +28,8 @@ class Stats:
         self.tests = 0  # pytest: tests run with checks on
         self.allowed = 0  # pytest: tests allowed NaN/Inf (not checked)
         self.failures = 0  # pytest: tests failed with a report
-        self.installed_files = 0  # pytest: test files from installed packages (--pyargs)
+        self.installed_files: set[str] = set()  # pytest: test files of installed packages
+        self.installed_run: set[str] = set()  # ... whose tests ran
 
     def line(
         self, *, where: str = "the script", finite: str = "all finite", scope: str = ""
