@@ -66,7 +66,15 @@ def _add_run_parser(sub: Any) -> None:
 
 def _run(a: argparse.Namespace) -> int:
     from ._run import run
+    from ._run._traceback import report_script_error
 
+    try:
+        return _run_checked(a, run)
+    except Exception as e:  # outside the script: writing the reproducer, the torch re-run
+        return report_script_error(e)
+
+
+def _run_checked(a: argparse.Namespace, run: Any) -> int:
     return run(
         a.script,
         a.args,

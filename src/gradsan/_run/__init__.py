@@ -16,7 +16,10 @@ lazily, by an import hook, only if the script imports them:
   re-run).
 
 At the first non-finite gradient gradsan prints the report, writes ``gradsan-repro-<time>/``
-(``inputs.npz`` or ``inputs.pt``, ``meta.json``, ``repro.py``) and exits with status 3.
+(``inputs.npz`` or ``inputs.pt``, ``meta.json``, ``repro.py``; announced only once it loads)
+and exits with status 3. Otherwise the run ends with one line of what was checked and what
+was not (_summary.py). The script's own error prints its traceback without gradsan's frames
+(exit 1); an error inside gradsan says so (exit 4, _traceback.py).
 
 The pieces: _hooks.py (the import hook and the check session, shared with the pytest plugin),
 _patch_jax.py and _patch_torch.py (the patches), _repro.py (the reproducer), _replay.py (the
@@ -31,13 +34,15 @@ import sys
 from typing import Any
 
 from .._fix._hooks import verify_failure
+from ._capture import EnvRecorder
 from ._failure import EXIT_NONFINITE as EXIT_NONFINITE
-from ._failure import Failure, Stop, say
+from ._failure import Failure, Stop, say, short_path
 from ._hooks import Hooks, run_script
 from ._replay import replay_child, replay_in_child
+from ._repro import check_repro, pickle_structure, write_repro
 from ._repro import jax_repro_main as jax_repro_main  # the repro.py files import these two
 from ._repro import torch_repro_main as torch_repro_main
-from ._repro import write_repro
+from ._traceback import EXIT_INTERNAL
 
 
 def run(
@@ -64,13 +69,19 @@ def run(
         print(str(report), file=sys.stderr, flush=True)
         reports.append({"kind": "sanitize", "where": where, **json.loads(report.to_json())})
 
+    env = EnvRecorder()
+
     def on_failure(f: Failure) -> None:
+        f.environ = dict(env.read)
+        if f.backend == "jax":
+            f.structure = pickle_structure(f)  # now, while the script's classes are __main__'s
         raise Stop(f)
 
     if replay_step is not None:  # the child of a torch re-run
         return replay_child(script, argv, replay_step, replay_out)
 
     hooks = Hooks(on_failure, trace_from=1 if trace else None, sanitize=sanitize, on_kinks=on_kinks)
+    env.install(hooks)
     code, failure = run_script(script, argv, hooks)
     if failure is not None:
         if failure.backend == "torch" and not failure.traced:
@@ -89,7 +100,12 @@ def run(
         say(failure.header)
         print(str(failure.report), file=sys.stderr, flush=True)
         d = write_repro(failure, script, argv, repro_dir)
-        say(f"reproducer written to {os.path.relpath(d)}/ (python {os.path.relpath(d)}/repro.py)")
+        shown = short_path(d)
+        why_not = check_repro(d, failure.backend)
+        if why_not is None:
+            say(f"reproducer written to {shown}/ (python {shown}/repro.py)")
+        else:  # never announce one that cannot load
+            say(f"the inputs are saved in {shown}/, but its repro.py does not load ({why_not}).")
         reports.append(
             {
                 "kind": "nonfinite",
@@ -99,6 +115,10 @@ def run(
                 **json.loads(failure.report.to_json()),
             }
         )
+    hooks.stats.backward += hooks.torch_calls
+    if failure is None and code != EXIT_INTERNAL:
+        finite = "all finite" if code == 0 else "all finite up to the script's exit"
+        say(hooks.stats.line(finite=finite)[len("gradsan: ") :])
     if json_path:
         with open(json_path, "w") as fh:
             json.dump({"exit_code": code, "reports": reports}, fh, indent=2)

@@ -14,6 +14,18 @@ def say(msg: str) -> None:
     print(f"gradsan: {msg}", file=sys.stderr, flush=True)
 
 
+def short_path(filename: str) -> str:
+    """The path style of the reports: relative to the working directory when the file is
+    under it, absolute otherwise (as gradsan.Location.short_file)."""
+    import os
+
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return os.path.abspath(filename) if rel.startswith("..") else rel
+
+
 def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -35,6 +47,8 @@ class Failure:
     opts: dict = dataclasses.field(default_factory=dict)
     tensors: dict = dataclasses.field(default_factory=dict)  # torch: name -> (value, grad)
     traced: bool = True  # torch: False when the report only lists the non-finite gradients
+    structure: bytes | None = None  # JAX: the inputs' pytree structure, pickled in the run
+    environ: dict = dataclasses.field(default_factory=dict)  # the env variables the script read
 
     @property
     def header(self) -> str:

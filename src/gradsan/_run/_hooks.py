@@ -17,6 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ._failure import EXIT_NONFINITE, Failure, Stop
+from ._summary import Stats
+
+# the modules patched right after their first import
+PATCHED = ("jax", "torch", "equinox", "flax.nnx")
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -43,7 +47,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         self.busy = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in ("jax", "torch") or self.busy:
+        if name not in PATCHED or self.busy:
             return None
         self.busy = True
         try:
@@ -82,10 +86,12 @@ class Hooks:
         self.in_backward = False
         self.session: Any = None
         self.sanitized: set[int] = set()
+        self.stats = Stats()
+        self.capture: Callable[[Any, tuple, dict], None] | None = None  # reproducer re-runs
 
     def install(self) -> Hooks:
         sys.meta_path.insert(0, self.finder)
-        for name in ("jax", "torch"):
+        for name in PATCHED:
             if name in sys.modules:
                 self.patch(sys.modules[name])
         return self
@@ -104,9 +110,20 @@ class Hooks:
             return
         self.patched.add(name)
         if name == "jax":
-            from ._patch_jax import patch_jax
+            from ._patch_jax import Watched, patch_jax
+            from ._summary import count_calls, count_unwrapped
 
             patch_jax(self, module)
+            count_calls(self, Watched)
+            count_unwrapped(self, module)
+        elif name in ("equinox", "flax.nnx"):
+            from ._patch_frameworks import FrameworkWatched, patch_equinox, patch_nnx
+            from ._summary import count_calls
+
+            (patch_equinox if name == "equinox" else patch_nnx)(self, module)
+            if "FrameworkWatched" not in self.patched:
+                self.patched.add("FrameworkWatched")
+                count_calls(self, FrameworkWatched)
         elif name == "torch":
             from ._patch_torch import patch_torch
 
@@ -122,11 +139,14 @@ class Hooks:
         """Check from now on, counting backward calls from 1 (the pytest plugin: a test starts)."""
         self.enabled = True
         self.torch_calls = 0
+        self.stats.tests += 1
         self.begin_session(1)
 
     def end_test(self) -> None:
         """Stop checking (a test ended)."""
         self.enabled = False
+        self.stats.backward += self.torch_calls
+        self.torch_calls = 0
         self.end_session()
 
     # -- torch tracing sessions (--trace, replays, --sanitize's first step) ---------------------
@@ -170,7 +190,7 @@ def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure
     code = 0
     failure = None
     try:
-        runpy.run_path(script, run_name="__main__")
+        runpy.run_path(os.path.abspath(script), run_name="__main__")  # one path style
         _flush_jax(hooks)  # the last call's flag
     except Stop as s:
         failure = s.failure
@@ -179,6 +199,10 @@ def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int) and e.code is not None:
             print(e.code, file=sys.stderr)
+    except Exception as e:  # the script's error (or gradsan's own): Python's way, less our frames
+        from ._traceback import report_script_error
+
+        code = report_script_error(e)
     finally:
         hooks.uninstall()
         sys.argv = old_argv

@@ -7,13 +7,12 @@ comes with the explanation; otherwise with the list of non-finite gradients.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from .._userfile import is_user_file
-from ._failure import Failure, Stop
+from ._failure import Failure, Stop, short_path
 
 if TYPE_CHECKING:
     from ._hooks import Hooks
@@ -47,7 +46,7 @@ def _user_frame_text(depth: int = 2) -> str:
         f = f.f_back
     if f is None:
         return ""
-    return f"{os.path.relpath(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
+    return f"{short_path(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
 
 
 def _leaves_of(roots: list) -> list:

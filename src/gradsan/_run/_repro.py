@@ -4,12 +4,10 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .._fix import _hooks
@@ -22,6 +20,28 @@ def _target_ref(target: Any) -> dict:
     if module is None or qualname is None or "<locals>" in qualname or "<lambda>" in qualname:
         return {"importable": False, "module": module, "qualname": qualname}
     return {"importable": True, "module": module, "qualname": qualname}
+
+
+def pickle_structure(failure: Failure) -> bytes | None:
+    """The inputs' pytree structure, pickled while the script still runs (its classes are
+    ``__main__``'s then); None when something in it cannot be pickled (optax's functions in a
+    flax TrainState: the reproducer re-creates those from the script)."""
+    import pickle
+
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten((failure.args, failure.kwargs))
+    statics = {
+        i: ("prng_key", None)
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+        else ("value", x)
+        for i, x in enumerate(leaves)
+        if not isinstance(x, jax.Array) or jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    }
+    try:
+        return pickle.dumps({"treedef": treedef, "statics": statics})
+    except Exception:
+        return None
 
 
 def write_repro(failure: Failure, script: str, argv: list[str], out_dir: str | None = None) -> str:
@@ -42,6 +62,7 @@ def write_repro(failure: Failure, script: str, argv: list[str], out_dir: str | N
         "call": failure.call,
         "label": failure.label,
         "cwd": os.getcwd(),
+        "environ": dict(failure.environ),
     }
     with open(os.path.join(d, "report.txt"), "w") as fh:
         fh.write(str(failure.report) + "\n")
@@ -86,15 +107,18 @@ def _write_jax_inputs(failure: Failure, d: str, meta: dict) -> None:
                 continue
         statics[i] = ("value", x)
     np.savez(os.path.join(d, "inputs.npz"), **arrays)
+    from ._capture import array_spec
+
     meta.update(
         n_leaves=len(leaves),
         paths=paths,
+        specs=[array_spec(x) for x in leaves],
         kind=failure.kind,
         opts=failure.opts,
         function=_target_ref(failure.target),
     )
     try:
-        blob = pickle.dumps({"treedef": treedef, "statics": statics})
+        blob = failure.structure or pickle.dumps({"treedef": treedef, "statics": statics})
         with open(os.path.join(d, "structure.pkl"), "wb") as fh:
             fh.write(blob)
         meta["structure"] = "structure.pkl"
@@ -123,9 +147,11 @@ def _write_torch_inputs(failure: Failure, d: str, meta: dict) -> None:
 
 _JAX_REPRO = '''"""gradsan reproducer: {header}
 
-Reloads the inputs of that call (inputs.npz, with their pytree structure in structure.pkl),
-imports the same function from {script} (without running its `if __name__ == "__main__":`
-block) and runs gradsan.jax.explain on it. Exits with status 3 when the NaN/Inf comes back.
+Reloads the arrays of that call (inputs.npz; their paths in meta.json) and re-creates the rest
+from {script}: the script runs again (same arguments, same environment variables, gradsan's
+checks off) up to the first call of the same function with inputs of those shapes, which is
+not made; the saved arrays replace its inputs and gradsan explains the call. Exits with
+status 3 when the NaN/Inf comes back. `python repro.py --check` only checks that it loads.
 """
 
 import pathlib
@@ -133,7 +159,7 @@ import sys
 
 from gradsan._run import jax_repro_main
 
-sys.exit(jax_repro_main(pathlib.Path(__file__).resolve().parent))
+sys.exit(jax_repro_main(pathlib.Path(__file__).resolve().parent, check="--check" in sys.argv))
 '''
 
 _TORCH_REPRO = '''"""gradsan reproducer: {header}
@@ -154,98 +180,60 @@ sys.exit(torch_repro_main(pathlib.Path(__file__).resolve().parent))
 '''
 
 
-def _load_script_module(path: str, argv: list[str]) -> Any:
-    """Import the script as a module (its `__main__` block does not run)."""
-    import types
-
-    name = "__gradsan_script__"
-    mod = types.ModuleType(name)
-    mod.__file__ = path
-    sys.modules[name] = mod
-    old = sys.argv
-    sys.argv = [path, *argv]
-    sys.path.insert(0, os.path.dirname(path))
-    try:
-        with open(path) as fh:
-            code = compile(fh.read(), path, "exec")
-        exec(code, vars(mod))
-    finally:
-        sys.argv = old
-    return mod
-
-
-def load_jax_repro(d: Any) -> tuple[Callable, tuple, dict, dict]:
-    """(function, args, kwargs, meta) of a JAX reproducer directory."""
-    import pickle
-
-    import jax
+def jax_repro_main(d: Any, check: bool = False) -> int:
+    """Re-create the failing call (see _capture.py) and explain it; with ``check`` only say
+    whether it loads (status 0) or not (2)."""
     import numpy as np
+
+    from ._capture import recreate
 
     d = str(d)
     with open(os.path.join(d, "meta.json")) as fh:
         meta = json.load(fh)
-    ref = meta["function"]
-    if not ref.get("importable"):
-        raise RuntimeError(
-            f"the function `{ref.get('qualname')}` is defined inside another function (or is a "
-            "lambda), so the reproducer cannot import it; its program is in jaxpr.txt. Move it "
-            "to module level (or behind `if __name__ == '__main__':`) to get a runnable repro."
-        )
-    mod = (
-        _load_script_module(meta["script"], meta["argv"])
-        if ref["module"] == "__main__"
-        else importlib.import_module(ref["module"])
-    )
-    obj: Any = mod
-    for part in ref["qualname"].split("."):
-        obj = getattr(obj, part)
-    obj = getattr(obj, "_inner", obj)  # a _patch_jax.Watched (under gradsan run itself)
-    kind, opts = meta["kind"], meta.get("opts", {})
-    if kind == "jit":
-        fun = obj if hasattr(obj, "_jit_info") else jax.jit(obj, **opts)
-    else:
-        base = getattr(obj, "__wrapped__", obj) if hasattr(obj, "_jit_info") else obj
-        fun = getattr(jax, kind)(base, **opts) if kind in ("grad", "value_and_grad") else obj
-    if meta.get("structure") is None:
-        raise RuntimeError(
-            f"the inputs' pytree structure could not be saved "
-            f"({meta.get('structure_error')}); inputs.npz holds the leaves."
-        )
-
-    class _Unpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            if module == "__main__":
-                return getattr(mod, name)
-            return super().find_class(module, name)
-
-    with open(os.path.join(d, "structure.pkl"), "rb") as blob:
-        structure = _Unpickler(blob).load()
-    data = np.load(os.path.join(d, "inputs.npz"))
-    leaves = []
-    for i in range(meta["n_leaves"]):
-        kind_i, value = structure["statics"].get(i, (None, None))
-        if kind_i == "value":
-            leaves.append(value)
-        elif kind_i == "prng_key":
-            leaves.append(jax.random.wrap_key_data(data[f"leaf{i}"]))
-        else:
-            leaves.append(jax.numpy.asarray(data[f"leaf{i}"]))
-    args, kwargs = jax.tree_util.tree_unflatten(structure["treedef"], leaves)
-    return fun, tuple(args), dict(kwargs), meta
-
-
-def jax_repro_main(d: Any) -> int:
-    import gradsan.jax as gsj
-
     try:
-        fun, args, kwargs, meta = load_jax_repro(d)
+        if "specs" not in meta:
+            raise RuntimeError("this reproducer was written by an older gradsan")
+        with np.load(os.path.join(d, "inputs.npz")) as data:
+            arrays = {k: data[k] for k in data.files}
+        captured = recreate(meta, arrays)
     except RuntimeError as e:
-        say(str(e))
+        say(f"the reproducer does not load: {e}")
         return 2
+    if check:
+        say(f"the reproducer loads: {meta['label']} with the saved inputs of its call.")
+        return 0
     say(f"re-running {meta['label']} on the saved inputs of its {ordinal(meta['call'])} call")
-    report = gsj.explain(fun)(*args, **kwargs)
+    w = captured.watched
+    if hasattr(w, "explain_call"):  # equinox / NNX
+        report = w.explain_call(captured.args, captured.kwargs)
+    else:
+        import gradsan.jax as gsj
+
+        report = gsj.explain(w._inner)(*captured.args, **captured.kwargs)
     print(report)
     return 0 if report.ok else EXIT_NONFINITE
+
+
+def check_repro(d: str, backend: str) -> str | None:
+    """Load the reproducer in a fresh interpreter (``repro.py --check``): None when it loads,
+    else why not."""
+    import subprocess
+
+    if backend != "jax":
+        return None
+    try:
+        r = subprocess.run(
+            [sys.executable, os.path.join(d, "repro.py"), "--check"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return "loading it took over 300 s"
+    if r.returncode == 0:
+        return None
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    return lines[-1].removeprefix("gradsan: ") if lines else f"exit status {r.returncode}"
 
 
 def torch_repro_main(d: Any) -> int:

@@ -1,0 +1,170 @@
+"""The pytest plugin's pieces that need more than a hook: which tests are allowed their
+NaN/Inf (the marker, absl's ``@parameterized`` above or below it, ``--gradsan-allow``), the
+failure text (printed once, naming how to allow it), test files from installed packages, and
+the session's last line."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from typing import Any
+
+import pytest
+
+MARKER = "gradsan_allow_nonfinite"
+
+
+class Allow:
+    """``--gradsan-allow`` values: node ids (``path.py::name``, a prefix matches the tests
+    under it) or ``-k`` style keyword expressions."""
+
+    def __init__(self, values: list[str]) -> None:
+        from _pytest.mark.expression import Expression
+
+        self.values = list(values)
+        self.node_ids: list[str] = []
+        self.exprs: list[Any] = []
+        for v in self.values:
+            v = v.strip()
+            if "::" in v or v.endswith(".py") or os.sep in v:
+                self.node_ids.append(v)
+                continue
+            try:
+                self.exprs.append(Expression.compile(v))
+            except SyntaxError as e:
+                raise pytest.UsageError(
+                    f"--gradsan-allow={v!r}: not a keyword expression ({e})"
+                ) from None
+
+    def matches(self, item: pytest.Item) -> bool:
+        nid = item.nodeid
+        for v in self.node_ids:
+            if nid == v or nid.startswith(v + "::") or nid.startswith(v + "["):
+                return True
+            if v.endswith(".py") and nid.split("::")[0].endswith(v):
+                return True
+        if self.exprs:
+            from _pytest.mark import KeywordMatcher
+
+            matcher = KeywordMatcher.from_item(item)
+            return any(e.evaluate(matcher) for e in self.exprs)
+        return False
+
+
+def allowed(item: pytest.Item, hooks: Any) -> bool:
+    path = os.path.abspath(str(item.path))
+    if path in hooks.stats.installed_files:
+        hooks.stats.installed_run.add(path)  # a test of an installed package ran
+    if item.get_closest_marker(MARKER) is not None:
+        return True
+    return bool(hooks.allow.matches(item))
+
+
+def mark_absl_parameterized(hooks: Any) -> None:
+    """``@pytest.mark.gradsan_allow_nonfinite`` above absl's ``@parameterized.parameters``
+    marks the decorator's object, which absl drops when it makes one test per parameter: copy
+    the marks onto each test it makes. (Below the decorator the marks are on the function,
+    which absl's ``functools.wraps`` already copies.)"""
+    if importlib.util.find_spec("absl") is None:
+        return
+    try:
+        from absl.testing import parameterized
+    except ImportError:  # pragma: no cover
+        return
+    cls = getattr(parameterized, "_ParameterizedTestIter", None)
+    if cls is None or not hasattr(cls, "__iter__"):
+        return
+    orig = cls.__iter__
+
+    @functools.wraps(orig)
+    def __iter__(self: Any) -> Any:
+        marks = list(getattr(self, "pytestmark", []))
+        for fn in orig(self):
+            if marks:
+                try:
+                    fn.pytestmark = [*getattr(fn, "pytestmark", []), *marks]
+                except AttributeError:  # pragma: no cover
+                    pass
+            yield fn
+
+    hooks.set(cls, "__iter__", __iter__)
+
+
+def register_test_file(path: str, hooks: Any) -> None:
+    from ._userfile import is_user_file, register_user_file
+
+    if os.path.abspath(path) in hooks.stats.installed_files:
+        return
+    if not is_user_file(path):
+        register_user_file(path)
+        if os.path.basename(path) not in ("__init__.py", "conftest.py"):
+            hooks.stats.installed_files.add(os.path.abspath(path))
+
+
+def summary_line(hooks: Any) -> str:
+    st = hooks.stats
+    scope = f" in {st.tests} test{'s' if st.tests != 1 else ''}"
+    text = st.line(where="the tests", finite="", scope=scope).rstrip(".")
+    extra = []
+    if st.failures:
+        extra.append(f"{st.failures} failed with a gradsan report")
+    if st.allowed:
+        extra.append(
+            f"{st.allowed} test{'s' if st.allowed != 1 else ''} allowed NaN/Inf "
+            f"(@pytest.mark.{MARKER} or --gradsan-allow), not checked"
+        )
+    if st.installed_run:
+        n = len(st.installed_run)
+        extra.append(
+            f"{n} test file{'s' if n != 1 else ''} from "
+            "installed packages: only their own jit/grad functions checked, not the package's"
+        )
+    return text + ("; " + "; ".join(extra) if extra else "") + "."
+
+
+def failure_repr(item: pytest.Item, excinfo: Any, err: Any, hooks: Any) -> tuple[Any, str]:
+    """The failure, its report printed once: the test's own lines that led to the call, the
+    header and how to allow the NaN/Inf if the test means it (the failure's text), and the
+    report (its ``gradsan`` section)."""
+    from _pytest._code.code import ReprFileLocation
+
+    from ._userfile import is_gradsan_file, is_user_file
+
+    lines: list[str] = []
+    crash_path, crash_line = str(item.path), 0
+    for entry in excinfo.traceback:
+        fn = str(entry.path)
+        if is_gradsan_file(fn) or not is_user_file(fn):
+            continue
+        rel = os.path.relpath(fn) if not os.path.relpath(fn).startswith("..") else fn
+        src = entry.statement.lines[0].strip() if entry.statement.lines else ""
+        lines.append(f"{rel}:{entry.lineno + 1}: in {entry.name}")
+        if src:
+            lines.append(f"    {src}")
+        crash_path, crash_line = fn, entry.lineno + 1
+    name = item.name.split("[")[0]
+    allow = (
+        f"gradsan: if this test means its NaN/Inf, mark it @pytest.mark.{MARKER} or run with "
+        f'--gradsan-allow="{name}" (a -k expression or node id).'
+    )
+    head = f"gradsan: {err.gradsan_header} The report is in the gradsan section below."
+    text = "\n".join([*lines, head, allow])
+    first = str(err).strip().splitlines()[0] if str(err).strip() else head
+    message = f"gradsan: {first} [allow: @pytest.mark.{MARKER} / --gradsan-allow]"
+    hooks.stats.failures += 1
+    section = f"gradsan: {err.gradsan_header}\n{str(err).rstrip()}"
+    return _Repr(text, ReprFileLocation(crash_path, crash_line, message)), section
+
+
+class _Repr:
+    def __init__(self, text: str, crash: Any) -> None:
+        self.text = text
+        self.reprcrash = crash
+
+    def toterminal(self, tw: Any) -> None:
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
