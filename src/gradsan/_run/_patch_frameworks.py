@@ -127,7 +127,7 @@ class FrameworkWatched(Watched):
             return out
         if before is not None:
             args, kwargs = jax.tree_util.tree_unflatten(before[1], before[0])
-        report = self._replay(args, kwargs, out, None)
+        report = self._replay(args, kwargs, out, None, self._calls)
         __tracebackhide__ = True
         hooks.on_failure(
             Failure(
@@ -161,13 +161,13 @@ class FrameworkWatched(Watched):
         fun, a, k = self.pure(args, kwargs)
         return diagnose(fun, a, k, who="guard", outputs=None)
 
-    def _replay(self, args: tuple, kwargs: dict, out: Any, via: Callable | None) -> Any:
+    def _replay(self, args: tuple, kwargs: dict, out: Any, via: Callable | None, call: int) -> Any:
         import time
 
         from ._failure import ordinal, say
 
         say(
-            f"the {ordinal(self._calls)} call of {self.label} returned NaN/Inf; "
+            f"the {ordinal(call)} call of {self.label} returned NaN/Inf; "
             "replaying it through the interpreter..."
         )
         t0 = time.perf_counter()
