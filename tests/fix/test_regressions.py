@@ -250,3 +250,19 @@ def test_torch_with_block_says_it_could_not_verify():
     assert code and all(p.status == "unverified" for p in code)
     assert "# not verified:" in f.suggestions[0]
     assert report.patch() == ""
+
+
+def test_a_program_with_callbacks_is_not_run_again_to_verify_its_fixes():
+    calls: list = []
+
+    def loss(x):
+        jax.debug.callback(lambda v: calls.append(1), x)
+        return jnp.sum(jnp.sqrt(x))
+
+    report = gsj.explain(jax.grad(loss))(jnp.array([0.0, 1.0]))
+    assert len(calls) == 1  # explain's replay skips it; the verification never ran the program
+    f = report.findings[0]
+    codes = [p for p in f.fixes if p.code is not None]
+    assert codes and all(p.status == "unverified" for p in codes)
+    assert all("side effects (jax.debug callback)" in p.checked for p in codes)
+    assert report.patch() == ""

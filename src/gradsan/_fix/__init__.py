@@ -22,6 +22,7 @@ from ._site import Site, locate
 
 __all__ = [
     "NOT_RUN",
+    "where_trap_proposals",
     "proposals",
     "verified",
     "verify_report",
@@ -93,6 +94,32 @@ def proposals(entry_id: str | None, backend: str, where: Frame | None) -> list[F
         if site is not None and site.in_lambda:
             p.checked = p.checked or "inside a lambda or comprehension"
     return code[:MAX_CANDIDATES] + prose
+
+
+def where_trap_proposals(
+    summary: str, where: Frame | None, zero_from: Frame | None, backend: str
+) -> list[FixProposal]:
+    """The where trap's double-where fix on the user's statement at ``where`` (the op), with the
+    condition of the ``where`` at ``zero_from`` that did not select it; [] when it cannot be
+    built (the same statement: the op's own rewrite does it)."""
+    site, wsite = locate(where), locate(zero_from)
+    if site is None or wsite is None:
+        return []
+    if wsite.stmt is site.stmt or (
+        wsite.file == site.file and wsite.stmt.lineno == site.stmt.lineno
+    ):
+        got = R.rewrite_where_guard(site, backend)
+        rw = got[1] if got is not None else None
+    else:
+        rw = R.rewrite_where_from(site, wsite, backend)
+    if rw is None:
+        return []
+    p = proposal(site, rw, summary, backend, site.names_in_scope())
+    if p is None:
+        return []
+    if site.in_lambda:
+        p.checked = p.checked or "inside a lambda or comprehension"
+    return [p]
 
 
 def render_suggestions(fixes: list[FixProposal]) -> list[str]:

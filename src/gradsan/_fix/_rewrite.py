@@ -503,6 +503,76 @@ def rewrite_where_guard(site: Site, backend: str) -> tuple[str, Rewrite] | None:
     return None
 
 
+def _where_call(site: Site, backend: str) -> ast.Call | None:
+    """The ``where(c, a, b)`` call of the site's statement (the one under the caret first)."""
+    nodes = [site.node, *ast.walk(site.stmt)]
+    for n in nodes:
+        if isinstance(n, ast.Call) and len(n.args) == 3 and not n.keywords:
+            w = read_call(site, n, backend)
+            if w is not None and w.canon == "where":
+                return n
+    return None
+
+
+def _defined_before(site: Site, cond: ast.expr, before: ast.stmt) -> str:
+    """``cond``'s text, with each name that the function assigns (``name = value``) only after
+    the statement ``before`` replaced by ``(value)``, so the text can move up to ``before``."""
+    text = site.segment(cond)
+    later: dict[str, ast.expr] = {}
+    for n in ast.walk(site.tree):
+        if (
+            isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and before.lineno < n.lineno <= site.stmt.lineno
+        ):
+            later[n.targets[0].id] = n.value
+    if not later:
+        return text
+    base = cond.col_offset if cond.lineno == cond.end_lineno else None
+    spans = sorted(
+        (n.col_offset, n.end_col_offset or 0, n.id)
+        for n in ast.walk(cond)
+        if isinstance(n, ast.Name) and n.id in later and n.lineno == cond.lineno
+    )
+    if base is None:
+        return text
+    out, at = [], 0
+    for c0, c1, name in spans:
+        out.append(text[at : c0 - base] + f"({site.segment(later[name])})")
+        at = c1 - base
+    return "".join(out) + text[at:]
+
+
+def rewrite_where_from(site: Site, where: Site, backend: str) -> Rewrite | None:
+    """The op under the caret is assigned to a name that a ``where`` on another statement (the
+    zero's source) does not select: guard the op's operand with that where's condition, so the
+    unselected branch stays finite (the double-where trick across two statements)."""
+    call = read_call(site, site.node, backend)
+    if call is None or not call.operands or site.file != where.file or site.stmt is where.stmt:
+        return None
+    st = site.stmt
+    if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
+        return None
+    target = st.targets[0]
+    if not isinstance(target, ast.Name):
+        return None
+    w = _where_call(where, backend)
+    if w is None:
+        return None
+    cond, a, b = w.args
+    x = call.operands[1] if call.canon == "div" else call.operands[0]
+    fill = "0.0" if call.canon == "log1p" else "1.0"
+    cs, xs, fn = _defined_before(where, cond, st), site.segment(x), where.segment(w.func)
+    if isinstance(a, ast.Name) and a.id == target.id:
+        guard = f"{fn}({cs}, {xs}, {fill})"
+    elif isinstance(b, ast.Name) and b.id == target.id:
+        guard = f"{fn}({cs}, {fill}, {xs})"
+    else:
+        return None
+    return Rewrite(site.node, _replace_in(site, site.node, x, guard))
+
+
 def rewrite_exp_log(site: Site, backend: str) -> tuple[str, Rewrite] | None:
     """``exp(p * log(a))`` around the log under the caret: the power ``a ** p``, written with the
     safe pow (finite at a == 0)."""

@@ -569,6 +569,28 @@ def verify_together(prog: _Program, report: Report) -> None:
                 )
 
 
+def side_effects(fun: Callable, args: tuple, kwargs: dict) -> str:
+    """The kinds of side effect the program makes when it runs (callbacks: ``io_callback``,
+    ``jax.debug.callback`` and ``print``), or "" (also when it cannot be traced here)."""
+    import jax
+
+    try:
+        closed = jax.make_jaxpr(fun)(*args, **kwargs)
+    except Exception:  # the verification's own run says what is wrong
+        return ""
+
+    def word(e: Any) -> str:
+        name = type(e).__name__
+        if "IO" in name:
+            return "io_callback"
+        if "Debug" in name:
+            return "jax.debug callback"
+        return name
+
+    names = sorted({word(e) for e in closed.effects})
+    return ", ".join(names)
+
+
 def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: str) -> None:
     """Verify the code fixes of the report's findings in place: verified fixes first, each with
     what was checked; failed ones kept (for the JSON) but not printed."""
@@ -585,6 +607,17 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
         from ._verify_torch import verify_torch
 
         verify_torch(report, fun, args, kwargs)
+        return
+    effects = side_effects(fun, args, kwargs)
+    if effects:  # running the program again would repeat them: the fixes stay unverified
+        for f in todo:
+            for p in f.fixes:
+                if p.code is not None and p.status == "unverified":
+                    p.checked = (
+                        f"the function has side effects ({effects}) that running it again "
+                        "would repeat, so gradsan did not run it"
+                    )
+            f.suggestions = render_suggestions(f.fixes)
         return
     prog = _Program(fun, args, kwargs, backend)
     prog.base_value = prog.loss_value(args)

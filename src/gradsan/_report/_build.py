@@ -347,12 +347,13 @@ def _where_trap(f: Finding, ev: Origin, zero_from: Frame | None) -> None:
         return
     f.title = entry.title
     f.explanation = entry.explanation
-    cond = _zero.condition(zero_from)
-    fixes = [
-        f"{fx.summary}\n{_zero.double_where(fx.code(ev.backend), cond, ev.where)}"
-        for fx in entry.fixes
-    ]
-    f.suggestions = fixes + f.suggestions
+    first = _fix.where_trap_proposals(entry.fixes[0].summary, ev.where, zero_from, ev.backend)
+    for p in first:
+        if not p.checked:
+            p.checked = _fix.NOT_RUN
+    same = {p.replacement for p in first}
+    f.fixes = first + [p for p in f.fixes if p.code is None or p.replacement not in same]
+    f.suggestions = _fix.render_suggestions(f.fixes)
     f.detail["zero_entry"] = WHERE_TRAP
 
 
