@@ -135,6 +135,18 @@ class Hooks:
         setattr(obj, attr, value)
         self.undo.append(lambda: setattr(obj, attr, old))
 
+    def annotate_failures(self, annotate: Callable[[Failure], None]) -> None:
+        """Run ``annotate(failure)`` (it adds notes to the failure's report) before the failure
+        goes on to what ``on_failure`` did so far; undone by ``uninstall``."""
+        on_failure = self.on_failure
+
+        def annotated(f: Failure) -> None:
+            __tracebackhide__ = True
+            annotate(f)
+            on_failure(f)
+
+        self.set(self, "on_failure", annotated)
+
     def begin_test(self) -> None:
         """Check from now on, counting backward calls from 1 (the pytest plugin: a test starts)."""
         self.enabled = True

@@ -121,15 +121,7 @@ class RunAccum:
 
             functools.update_wrapper(zero_grad, orig)
             hooks.set(cls, "zero_grad", zero_grad)
-        on_failure = hooks.on_failure
-
-        def annotated(f: Any) -> None:
-            __tracebackhide__ = True
-            self.annotate(f)
-            on_failure(f)
-
-        hooks.on_failure = annotated
-        hooks.undo.append(lambda: setattr(hooks, "on_failure", on_failure))
+        hooks.annotate_failures(self.annotate)
         return self
 
     def annotate(self, f: Any) -> None:

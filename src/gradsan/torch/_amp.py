@@ -405,16 +405,7 @@ class RunWatch(Watch):
         handle = register_optimizer_step_pre_hook(self._pre_step)
         hooks.undo.append(handle.remove)
         hooks.undo.append(self._summary)
-        on_failure = hooks.on_failure
-
-        def annotated(f: Any) -> None:
-            __tracebackhide__ = True
-            self.failed = True
-            self.annotate(f)
-            on_failure(f)
-
-        hooks.on_failure = annotated
-        hooks.undo.append(lambda: setattr(hooks, "on_failure", on_failure))
+        hooks.annotate_failures(self._failed)
         return self
 
     @property
@@ -502,6 +493,10 @@ class RunWatch(Watch):
                 traced=False,
             )
         )
+
+    def _failed(self, f: Any) -> None:
+        self.failed = True
+        self.annotate(f)
 
     def annotate(self, f: Any) -> None:
         """The replay child's traced report of a scaled backward says so."""

@@ -428,15 +428,7 @@ class RunDist:
                 return None
 
             hooks.set(_DDP, "register_comm_hook", register_comm_hook)
-        on_failure = hooks.on_failure
-
-        def annotated(f: Any) -> None:
-            __tracebackhide__ = True
-            self.annotate(f)
-            on_failure(f)
-
-        hooks.on_failure = annotated
-        hooks.undo.append(lambda: setattr(hooks, "on_failure", on_failure))
+        hooks.annotate_failures(self.annotate)
         return self
 
     def _install_child(self) -> None:

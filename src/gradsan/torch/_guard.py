@@ -138,19 +138,22 @@ class _StepCheck:
         self.stepped.append(opt)
 
 
+def unlocated(hits: list) -> Finding:
+    """The finding of non-finite gradients whose op gradsan could not locate (no replay)."""
+    return Finding(
+        kind="nonfinite",
+        catalog_id=None,
+        phase="gradient",
+        primitive="?",
+        where=None,
+        result="nan",
+        outputs=hits,
+    )
+
+
 def failure_report(function: str, hits: list, notes: list[str]) -> Report:
     report = Report(backend=BACKEND, function=function)
-    report.findings.append(
-        Finding(
-            kind="nonfinite",
-            catalog_id=None,
-            phase="gradient",
-            primitive="?",
-            where=None,
-            result="nan",
-            outputs=hits,
-        )
-    )
+    report.findings.append(unlocated(hits))
     report.notes.extend(notes)
     return report
 
@@ -355,7 +358,7 @@ class guard:
         session.finish(tracer)
         report.outputs = out
         if report.ok:
-            report.findings.append(self._finding(self._recorded(watched, grads_left)))
+            report.findings.append(unlocated(self._recorded(watched, grads_left)))
             report.notes.append(
                 "the eager replay of the step did not reproduce the non-finite value "
                 "(nondeterminism, or state the step changes between calls?)"
@@ -378,18 +381,6 @@ class guard:
             for p, g in pairs
             if g is not None and g.is_floating_point() and not all_finite(g)
         ]
-
-    @staticmethod
-    def _finding(hits: list) -> Finding:
-        return Finding(
-            kind="nonfinite",
-            catalog_id=None,
-            phase="gradient",
-            primitive="?",
-            where=None,
-            result="nan",
-            outputs=hits,
-        )
 
     def _from_record(self, hits: list, note: str) -> Report:
         return failure_report(getattr(self.step, "__name__", "step"), hits, [note])
