@@ -2,6 +2,7 @@
 its padded batch with a report located at the user's line (exit 3) and runs unchanged when
 the batch is not padded; eager `eqx.filter_grad` / `nnx.grad` calls are checked too."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import line_of
-from tests.integration.test_run import gradsan, write
+from tests.integration.test_repro import repro
+from tests.integration.test_run import gradsan, only_repro, write
 
 pytestmark = pytest.mark.slow
 
@@ -21,10 +23,25 @@ SCRIPTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def padded_run(tmp_path_factory):
+    """`gradsan run <script>` (the padded batch), run once per script in its own directory:
+    the located report and the reproducer it leaves are asserted by separate tests."""
+    runs: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+
+    def run(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        if name not in runs:
+            cwd = tmp_path_factory.mktemp(name.removesuffix(".py"))
+            runs[name] = (gradsan("run", EXAMPLES / name, cwd=cwd), cwd)
+        return runs[name]
+
+    return run
+
+
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_stops_at_the_padded_batch_with_a_located_report(tmp_path, name):
+def test_stops_at_the_padded_batch_with_a_located_report(padded_run, name):
     script = EXAMPLES / name
-    r = gradsan("run", script, cwd=tmp_path)
+    r, _ = padded_run(name)
     assert r.returncode == 3, r.stderr
     assert r.stdout.splitlines()[-1] == "step 5"  # stopped at the padded batch
     assert f"the 6th call of `train_step` {SCRIPTS[name]} returned NaN/Inf" in r.stderr
@@ -33,6 +50,19 @@ def test_stops_at_the_padded_batch_with_a_located_report(tmp_path, name):
         in r.stderr
     )
     assert "div-by-zero" in r.stderr
+
+
+def test_a_train_state_with_optax_functions_reproduces(padded_run):
+    # (from test_repro.py: it shares the linen script's `gradsan run` with the test above)
+    r, cwd = padded_run("flax_linen_dropout.py")
+    assert r.returncode == 3, r.stderr
+    d = only_repro(cwd)
+    assert f"reproducer written to {d.name}/ (python {d.name}/repro.py)" in r.stderr
+    meta = json.loads((d / "meta.json").read_text())
+    assert "[0][0].params['Dense_0']['kernel']" in meta["paths"]
+    rr = repro(d, cwd=cwd)
+    assert rr.returncode == 3, rr.stderr
+    assert "div-by-zero" in rr.stdout and "flax_linen_dropout.py" in rr.stdout
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))

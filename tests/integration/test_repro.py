@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import line_of
-from tests.integration.test_run import EXAMPLES, gradsan, only_repro, write
+from tests.integration.test_run import gradsan, only_repro, write
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +25,8 @@ def repro(d, *args, cwd):
     )
 
 
-def test_a_train_state_with_optax_functions_reproduces(tmp_path):
-    r = gradsan("run", EXAMPLES / "flax_linen_dropout.py", cwd=tmp_path)
-    assert r.returncode == 3, r.stderr
-    d = only_repro(tmp_path)
-    assert f"reproducer written to {d.name}/ (python {d.name}/repro.py)" in r.stderr
-    meta = json.loads((d / "meta.json").read_text())
-    assert "[0][0].params['Dense_0']['kernel']" in meta["paths"]
-    rr = repro(d, cwd=tmp_path)
-    assert rr.returncode == 3, rr.stderr
-    assert "div-by-zero" in rr.stdout and "flax_linen_dropout.py" in rr.stdout
+# A flax TrainState with optax functions reproduces: in test_frameworks.py
+# (test_a_train_state_with_optax_functions_reproduces shares that file's run of the script).
 
 
 NOTEBOOK = """
