@@ -33,10 +33,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
-# All of it, the `slow` tests included: what CI runs (.ci/run).
+# All of it, the `slow` tests included: what CI runs (.ci/run). The doctests of $(DOCTESTED) run
+# inside the suite (tests/core/test_doctests.py), in its workers: no second pytest process.
 test: $(STAMP) lint
 	$(PYTEST) -n 2 --dist loadfile tests
-	$(PYTEST) --doctest-modules $(DOCTESTED)
 
 # The suite without the `slow` tests (torch.compile, subprocess runs, linalg certify, the big
 # fuzz): for the edit-test loop, not a substitute for `make test`.
