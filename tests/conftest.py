@@ -21,6 +21,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
+def pytest_configure(config):
+    # an entry another process is still writing cannot be read (or written) yet: JAX warns and
+    # compiles the program itself, which is what it would do without the cache
+    for verb in ("reading", "writing"):
+        config.addinivalue_line(
+            "filterwarnings", f"ignore:Error {verb} persistent compilation cache entry:UserWarning"
+        )
+
+
 def pytest_unconfigure(config):
     if _JAX_CACHE is not None:  # the process that made it (xdist's controller, or the only one)
         shutil.rmtree(_JAX_CACHE, ignore_errors=True)
