@@ -86,8 +86,7 @@ def test_jax_trigger_fix_is_verified_and_its_patch_gives_the_true_gradient(
     want = PJ.ENTRY[name]
     assert want in ids, (name, ids)
     f = report.findings[ids.index(want)]
-    marker = "L:exp-log" if name == "exp_log" else f"L:{want}"
-    assert f.where.line == line_of(str(path), marker)
+    assert f.where.line == line_of(str(path), f"L:{want}")
     first = f.fixes[0]
     assert first.status == "verified", str(report)
     assert f.suggestions[0].endswith("# verified: " + first.checked)

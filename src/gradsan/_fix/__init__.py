@@ -18,12 +18,14 @@ from .. import _catalog
 from .._report._records import FixProposal, Frame
 from . import _rewrite as R
 from ._edit import proposal
+from ._route import route
 from ._site import Site, locate
 
 __all__ = [
     "NOT_RUN",
     "where_trap_proposals",
     "proposals",
+    "route",
     "verified",
     "verify_report",
     "report_patch",
@@ -80,7 +82,7 @@ def proposals(entry_id: str | None, backend: str, where: Frame | None) -> list[F
         return True
 
     if site is not None:
-        for shape in (R.rewrite_exp_log, R.rewrite_where_guard):
+        for shape in (R.rewrite_where_guard,):
             got = shape(site, backend)
             if got is not None:
                 add(got[0], got[1])
