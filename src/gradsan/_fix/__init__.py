@@ -28,6 +28,7 @@ __all__ = [
     "route",
     "verified",
     "verify_report",
+    "verify_kinks",
     "report_patch",
     "render_suggestions",
 ]
@@ -151,6 +152,14 @@ def verified(report, fun, args, kwargs, backend: str):  # type: ignore[no-untype
     """``report`` with its fixes verified on ``fun(*args, **kwargs)`` (the entry points' hook)."""
     verify_report(report, fun, args, kwargs, backend)
     return report
+
+
+def verify_kinks(report, fun, args, kwargs, backend: str):  # type: ignore[no-untyped-def]
+    """``report`` with its kink findings' fixes verified against the Clarke set (:mod:`._kinks`):
+    the hook sanitize's report path calls."""
+    from ._kinks import verify_kinks as run
+
+    return run(report, fun, args, kwargs, backend)
 
 
 def report_patch(report) -> str:  # type: ignore[no-untyped-def]
