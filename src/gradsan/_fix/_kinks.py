@@ -206,9 +206,12 @@ def _verify_jax(report: Report, todo: list[Finding], fun: Callable, args: tuple,
             # no Clarke set in the catalog: the program may still be smooth here (the kink
             # masked away); then the gradient is checked like any fix's (certify, nansafe)
             check = _jax_check(f, box, adm) if adm is not None else None
-            p.status, p.checked = _one(
-                prog, f, p, lambda q, check=check: verify_set(prog, [q], None, check)
-            )  # type: ignore[assignment]
+
+            def run_jax(q: FixProposal, check: Any = check) -> tuple[str, str]:
+                return verify_set(prog, [q], None, check)
+
+            status, p.checked = _one(prog, f, p, run_jax)
+            p.status = status  # type: ignore[assignment]
         _finish(f)
 
 
@@ -343,7 +346,12 @@ def _verify_torch(report: Report, todo: list[Finding], fn: Callable, args: tuple
         for p in f.fixes:
             if p.code is None or p.status != "unverified":
                 continue
-            p.status, p.checked = _one(prog, f, p, lambda q, f=f, adm=adm: run(q, f, adm))  # type: ignore[assignment]
+
+            def run_torch(q: FixProposal, f: Finding = f, adm: Any = adm) -> tuple[str, str]:
+                return run(q, f, adm)
+
+            status, p.checked = _one(prog, f, p, run_torch)
+            p.status = status  # type: ignore[assignment]
         _finish(f)
 
 
