@@ -29,6 +29,7 @@ __all__ = [
     "verified",
     "verify_report",
     "verify_kinks",
+    "verify_block",
     "report_patch",
     "render_suggestions",
 ]
@@ -160,6 +161,14 @@ def verify_kinks(report, fun, args, kwargs, backend: str):  # type: ignore[no-un
     from ._kinks import verify_kinks as run
 
     return run(report, fun, args, kwargs, backend)
+
+
+def verify_block(report, frame) -> None:  # type: ignore[no-untyped-def]
+    """The fixes of a ``with gradsan.torch.explain():`` block run on the block (:mod:`._block`):
+    the hook the torch session's exit calls with the user's frame."""
+    from ._block import verify_block as run
+
+    run(report, frame)
 
 
 def report_patch(report) -> str:  # type: ignore[no-untyped-def]
