@@ -29,3 +29,10 @@ def block_reassigning_its_input(x):
         loss = x.sum()
         loss.backward()
     return report
+
+
+def sanitize_block(x):
+    with gst.sanitize() as report:
+        loss = torch.relu(x).sum()
+        loss.backward()
+    return report

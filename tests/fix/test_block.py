@@ -54,3 +54,11 @@ def test_a_block_reassigning_its_input_keeps_its_reason():
     report = B.block_reassigning_its_input(torch.tensor([0.0, 1.0], requires_grad=True))
     p = _code_fixes(report)[0]
     assert p.status == "unverified" and "assigns a name it reads" in p.checked
+
+
+def test_a_kink_fix_in_a_sanitize_block_says_where_it_is_checked():
+    report = B.sanitize_block(torch.tensor([0.0, 1.0], requires_grad=True))
+    [f] = [f for f in report.findings if f.kind == "kink"]
+    p = next(p for p in f.fixes if p.code is not None)
+    assert p.status == "unverified" and "sanitize(fn)(*args) does" in p.checked
+    assert f.suggestions[0].endswith("# not verified: " + p.checked)
