@@ -479,7 +479,7 @@ def _meeting(node: Node, zero: int) -> Poison:
         index=idx or None,
         zero_kind=zsrc.kind if zsrc is not None else None,
         zero_op=zsrc.step.op if zsrc is not None else "",
-        zero_text=zsrc.step.text if zsrc is not None else "",
+        zero_text=_zero_text(zsrc),
         zero_value=zsrc.step.value if zsrc is not None else "",
     )
 
@@ -601,9 +601,18 @@ def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
         index=tuple(idx) if idx else None,
         zero_kind=zsrc.kind if zsrc is not None else None,
         zero_op=zsrc.step.op if zsrc is not None else "",
-        zero_text=zsrc.step.text if zsrc is not None else "",
+        zero_text=_zero_text(zsrc),
         zero_value=zsrc.step.value if zsrc is not None else "",
     )
+
+
+def _zero_text(zsrc: Any) -> str:
+    """The zero's name for its sentence: the input of a mask passed as an argument."""
+    if zsrc is None:
+        return ""
+    if zsrc.kind is ZeroKind.INPUT_MASK and zsrc.birth is not None:
+        return zsrc.birth.text
+    return zsrc.step.text
 
 
 def _is_rule_eqn(node: Node) -> bool:
@@ -764,9 +773,14 @@ def _origin_event(
         p = _poison(origin)
         if p.form == "0/0":
             own_poison = p
+    value_form = _value_form(fwd, index)
+    reduced = _reduced(fwd or origin) if _STD_LIBS.intersection((lib or "").split()) else None
     return Origin(
         backend="jax",
         op=primitive,
+        value_form=value_form,
+        reduced=reduced,
+        ddof=float(reduced) if reduced is not None and value_form == "0/0" else None,
         where=where,
         phase="value" if value_phase else "gradient",
         result="nan" if any(h.nan for h in hits) else result,
@@ -799,6 +813,40 @@ def _origin_event(
         mesh_coordinate=coord,
         global_index=global_index,
     )
+
+
+_STD_LIBS = {"jnp.std", "jnp.var", "jnp.nanstd", "jnp.nanvar"}
+
+
+def _reduced(node: Node) -> int | None:
+    """How many elements the std/var that ``node`` belongs to reduced over: the sum of squared
+    deviations nearest it on the way back (at most a few operations back, same library)."""
+    frontier, seen = [node], set()
+    for _ in range(8):
+        nxt = []
+        for n in frontier:
+            if id(n) in seen or n.kind != "eqn":
+                continue
+            seen.add(id(n))
+            if n.prim == "reduce_sum" and n.library == node.library:
+                shape = getattr(n.eqn.invars[0].aval, "shape", ())
+                axes = n.eqn.params.get("axes", ())
+                return int(np.prod([shape[a] for a in axes], dtype=np.int64))
+            nxt += [s[0] for s in n.ins if s is not None]
+        frontier = nxt
+    return None
+
+
+def _value_form(fwd: Node | None, index: tuple | None) -> str:
+    """ "0/0" when the forward division's own value is 0 / 0 at the hit (finite operands)."""
+    if fwd is None or fwd.prim != "div" or not fwd.operands or not fwd.outs or index is None:
+        return ""
+    shape = np.shape(fwd.outs[0])
+    try:
+        a, b = (_at(np.asarray(o), tuple(index), shape) for o in fwd.operands[:2])
+    except (ValueError, IndexError):
+        return ""
+    return "0/0" if a == 0 and b == 0 else ""
 
 
 def _origin_finding(
