@@ -221,7 +221,13 @@ def met_clause(ev: Origin, zero_from: Frame | None, met_where: Frame | None) -> 
 
 
 def _met_value(ev: Origin, p: Poison) -> str:
-    """The non-finite value the origin produced (what met the zero), as seen."""
+    """The non-finite value the origin produced (what met the zero), as seen; for a NaN made
+    from constant infinities (its own form), the infinite operand."""
+    ops = p.operands
+    if ev.because is Because.CONSTANT_INFS and ops is not None and p.zero_operand in (0, 1):
+        other = ops[1 - p.zero_operand] if len(ops) == 2 else None
+        if other is not None:
+            return format_value(other)
     v = ev.produced or ev.result
     if v in ("inf", "-inf", "nan"):
         return v
@@ -308,8 +314,11 @@ def origin(ev: Origin) -> Finding:
         backend_op = M.MET_OP_IN_NODE.format(op=ev.backend_op, node=ev.node)
     if ev.backward:
         backend_op += " (backward)"
-    # a NaN made from constant infinities: the poison is the origin's own form, met nowhere else
-    own = ev.because is Because.CONSTANT_INFS
+    # a NaN made from constant infinities: the poison is the origin's own form, met nowhere
+    # else; where a zero made it (0 * -inf: exp(-inf) = 0 times the mask), that zero is named
+    own = ev.because is Because.CONSTANT_INFS and (
+        ev.poison is None or ev.poison.zero_operand is None
+    )
     zero_from, met_where, met_op = (None, None, None) if own else _met(ev, detail)
     if not own:
         detail.met_clause = met_clause(ev, zero_from, met_where)

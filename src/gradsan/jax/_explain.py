@@ -452,13 +452,27 @@ def _origins(blame: Blame, src: Src) -> list[tuple[Node, Node | Poison | None]]:
     real = [f for f in found if f[0].kind != "const"]
     out: list[tuple[Node, Node | Poison | None]] = []
     for origin, poison in real or found:
-        if poison is None and origin.kind == "eqn" and NAN in origin.status:
+        # a NaN may meet a zero on its way (0 * nan: a where, a slice); one that constant
+        # infinities made by meeting a zero (0 * -inf) names that zero as its own form
+        if (
+            poison is None
+            and origin.kind == "eqn"
+            and NAN in origin.status
+            and not _own_zero(origin)
+        ):
             meet = nan_meeting(src, origin, NAN)
             if meet is not None:
                 out.append((origin, _meeting(*meet)))
                 continue
         out.append((origin, poison))
     return out
+
+
+def _own_zero(origin: Node) -> bool:
+    """The origin made its NaN from infinite inputs and an exact zero (0 * -inf)."""
+    if not any(_stat(s) != FINITE for s in origin.ins):
+        return False
+    return _poison(origin, zero_from_frames=False).zero_operand is not None
 
 
 def _meeting(node: Node, zero: int) -> Poison:
@@ -540,12 +554,23 @@ def _at(arr: np.ndarray, idx: tuple, shape: tuple) -> Any:
     return a[idx] if len(idx) == a.ndim else a.flat[0]
 
 
+def _first_nan(node: Node) -> tuple | None:
+    """The first NaN of the node's first output (a poison's output may hold infs before it)."""
+    if not node.outs:
+        return None
+    a = np.asarray(node.outs[0])
+    if a.dtype.kind not in "fc":
+        return None
+    hits = np.argwhere(np.isnan(a))
+    return tuple(int(i) for i in hits[0]) if len(hits) else None
+
+
 def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
     """The indeterminate form at ``node`` (where an inf met a zero), as an event: its operand
     values at the first NaN, and which operand held the zero and where that zero was made."""
     prim = node.prim
     ops = node.operands or []
-    idx = node.first_bad or ()
+    idx = _first_nan(node) or node.first_bad or ()
     out_shape = np.shape(node.outs[0]) if node.outs else ()
     vals: list = []
     for o in ops:
@@ -758,7 +783,7 @@ def _origin_event(
         and max(origin.status) == NAN
         and any(_stat(s) != FINITE for s in origin.ins)
     ):
-        because, own_poison = Because.CONSTANT_INFS, _poison(origin, zero_from_frames=False)
+        because, own_poison = Because.CONSTANT_INFS, _poison(origin)
     elif entry_id is None:
         because = Because.NOT_IN_CATALOG
     if (

@@ -439,6 +439,9 @@ def build_report(
         own = g.poison is g.root and isinstance(g.root, Event) and not g.root.form
         if g.poison is None or own:  # a NaN that met a zero on its way (0 * nan: where trap)
             g.poison = tracer.meetings.get(id(g.root), g.poison)
+        if g.poison is None and isinstance(g.root, Event) and g.root.form:
+            # born where constant infinities (a -inf mask) met a zero: its own form
+            g.poison = g.root
         ev = origin_event(
             g.root,
             g.poison,

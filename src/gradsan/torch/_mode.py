@@ -732,8 +732,16 @@ class _Dataflow:
 
     @staticmethod
     def children(v: Event | External) -> list[Event | External]:
-        # the last input first, as a depth-first walk from the output meets them
-        return [] if isinstance(v, External) else [p for _, p in reversed(v.inputs)]
+        # the last input first, as a depth-first walk from the output meets them; a NaN that
+        # came in (not made here) is followed along its NaN inputs only, like JAX's blame: an
+        # inf it also read (a -inf mask) did not make it
+        if isinstance(v, External):
+            return []
+        ins = [p for _, p in reversed(v.inputs)]
+        if v.nan and not v.nan_new:
+            nan_ins = [p for p in ins if _holds_nan(p)]
+            return nan_ins or ins
+        return ins
 
     @staticmethod
     def is_poison(v: Event | External) -> bool:
@@ -748,6 +756,13 @@ class _Dataflow:
     @staticmethod
     def record(v: Event | External) -> Event | External:
         return v
+
+
+def _holds_nan(p: Event | External) -> bool:
+    if isinstance(p, Event):
+        return p.nan
+    t = p.tensor
+    return is_float(t) and bool(torch.isnan(t).any())
 
 
 def _constant_mask(t: torch.Tensor, producer: Any) -> bool:

@@ -37,7 +37,16 @@ _DROPS = (
     "TrilBackward",
     "TriuBackward",
 )
-_PRODUCTS = ("MulBackward", "MmBackward", "BmmBackward", "MatmulBackward", "AddmmBackward")
+# Nodes whose backward multiplies the gradient by a forward operand (a quotient's gradient
+# for its denominator reads the numerator): the zero is followed into that operand
+_PRODUCTS = (
+    "MulBackward",
+    "MmBackward",
+    "BmmBackward",
+    "MatmulBackward",
+    "AddmmBackward",
+    "DivBackward",
+)
 _PASS_NODES = (
     "ExpandBackward",
     "ViewBackward",
@@ -267,8 +276,11 @@ def record_forward(tracer: Any, name: str, tag: Any, args: tuple, kwargs: dict, 
         if not is_float(t) or not has_zero(t):
             continue
         from_bool = any(not is_float(a) for a in ins) and not any(is_float(a) for a in ins)
-        # made from booleans or integers (one-hot labels, a mask): the zero is born here
-        zin = [] if from_bool else [key(a) for a in ins if a is not t and has_zero(a)]
+        # made from booleans or integers (one-hot labels, a mask): the zero is born here; an
+        # exp-like op's zero is never its input's (exp(0) = 1): it underflowed, or exp(-inf)
+        zin = (
+            [] if from_bool or name in _EXP else [key(a) for a in ins if a is not t and has_zero(a)]
+        )
         inf_in = any(is_float(a) and nonfinite(a) is not None for a in ins)
         tracer.zero_fwd[key(t)] = ZeroRec(name, tag, "", zin, from_bool, inf_in, False)
 
