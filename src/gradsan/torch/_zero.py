@@ -167,6 +167,11 @@ class _Walk:
                 return self._birth(rec, step), None
             fwd = nxt not in tr.zero_bwd
             if fwd and not node.startswith(_PRODUCTS) and not node.startswith(_PASS_NODES):
+                frec = tr.zero_fwd.get(nxt)
+                if frec is not None and frec.op in _EXP and not frec.zero_inputs:
+                    # exp's derivative is its value, which underflowed (or is exp(-inf))
+                    fstep = dict(frame=_frame(frec), op=frec.op, library=_library(frec))
+                    return self._birth(frec, fstep), None
                 # a derivative formula that reads a forward value that is 0 (2 * x for x ** 2)
                 return ZeroStep(B.DERIVATIVE, **step), None
             if node.startswith(_PRODUCTS):
