@@ -3,6 +3,9 @@ through, with the convention PyTorch chose there (and a flag when it is not admi
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -12,8 +15,8 @@ from .._catalog._types import CONVENTION_KINDS
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
-from . import _conventions, _rules
-from ._explain import BACKEND, Namer, _scope, explain
+from . import _conventions, _depends, _rules
+from ._explain import BACKEND, Namer, _EagerTracer, _scope, explain
 from ._mode import Tag, Tracer
 
 
@@ -113,33 +116,87 @@ _KINKISH = {
 _WHERE = _catalog.by_op("where")[0].id
 
 
+# the kink ops whose dependence is checked (torch/_depends.py); the rest (atan2, det, argmax,
+# the library conventions) are reported as the convention they are
+_CHECKED_OPS = frozenset(
+    {"abs", "relu", "max", "min", "reduce_max", "reduce_min", "clamp", "sort", "top_k"}
+    | {"floor", "ceil", "round", "select_n"}
+)
+
+
+class _KinkTracer(_EagerTracer):
+    """The tracer, reading each kink while the graph that led to it is alive: the kink event
+    (catalog masks) and whether the gradient depends on it (:mod:`gradsan.torch._depends`)."""
+
+    def __init__(self, *, kinks: bool = True) -> None:
+        super().__init__(kinks=kinks)
+        self.checker = _depends.Checker()
+        self.recorded: list[tuple[Tag, Kink, _depends.Check | None]] = []
+
+    def on_function(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        n = len(self.kink_hits)
+        super().on_function(func, name, args, kwargs, out)
+        if name in _rules.COMPARISONS:
+            self.checker.note_comparison(name, args, kwargs, out)
+        if len(self.kink_hits) <= n:
+            return
+        tag, nm, (operands, params) = self.kink_hits.pop()
+        outs = out if isinstance(out, tuple) else (out,)
+        first = outs[0] if outs else None
+        if isinstance(first, torch.Tensor) and first.dtype.is_floating_point:
+            if not first.requires_grad:
+                return  # no gradient flows out of it (no_grad, detached inputs)
+        ev = kink_event(self, tag, nm, list(operands), dict(params), {})
+        if ev is None:
+            return
+        check = None
+        if ev.library is None and tag.op in _CHECKED_OPS:
+            check = self.checker.check(self, nm, tag.op, args, kwargs, out)
+            if check is None:
+                return
+        self.recorded.append((tag, ev, check))
+
+
 class sanitize(explain):
     """Like :func:`gradsan.torch.explain`, and also report every kink the computation sat on
     (kind ``"kink"``: abs/relu at 0, max/min/sort/topk ties, clamp at a bound, floor/round at a
     jump, ``torch.where`` on its boundary) and every PyTorch convention outside the admissible
     set (kind ``"convention"``: atan2's ``[0, 0]`` at the origin, det's gradient at a singular
-    matrix). If it reports nothing, plain autograd returned the true derivative.
+    matrix). A kink is reported only when the gradient depends on it
+    (:mod:`gradsan.torch._depends`): a ``torch.where`` whose branches meet C^1 at its boundary,
+    a tie of the same function or one symmetric downstream, and a kink no gradient reached are
+    counted in a note instead. If it reports nothing, plain autograd returned the true
+    derivative.
     Same two forms: ``with gradsan.torch.sanitize() as report:`` or ``sanitize(fn)(*args)``.
     """
 
     kinks = True
 
+    def __enter__(self) -> Any:
+        self.tracer = _KinkTracer(kinks=True)
+        self.tracer.__enter__()
+        return self.report
+
     def finish(self, tracer: Tracer) -> None:
         super().finish(tracer)
         paths = Namer().module_paths(list(self.modules) + tracer.roots)
-        seen: set[tuple] = set()
-        for tag, name, (operands, params) in tracer.kink_hits:
-            ev = kink_event(tracer, tag, name, list(operands), dict(params), paths)
-            if ev is None:
+        recorded = tracer.recorded if isinstance(tracer, _KinkTracer) else []
+        ran = tracer.backward_calls > 0
+        places: dict[tuple, list[tuple[Tag, Kink, bool, str]]] = {}
+        for tag, ev, check in recorded:
+            dep, why = (True, "") if check is None else check.verdict(ran)
+            w = ev.where
+            k = (ev.entry_id, w.file if w else None, w.line if w else None, w.column if w else None)
+            places.setdefault(k, []).append((tag, ev, dep, why))
+        counts: dict[str, int] = {}
+        for evals in places.values():
+            kept = [(tag, ev) for tag, ev, dep, _ in evals if dep]
+            if not kept:
+                why = evals[0][3]
+                counts[why] = counts.get(why, 0) + 1
                 continue
-            f = build(ev)
-            k = (
-                f.catalog_id,
-                f.where.file if f.where else None,
-                f.where.line if f.where else None,
-                f.where.column if f.where else None,
-            )
-            if k in seen:
-                continue
-            seen.add(k)
-            self.report.findings.append(f)
+            tag, ev = kept[0]
+            self.report.findings.append(build(dataclasses.replace(ev, scope=_scope(tag, paths))))
+        text = _depends.note(counts)
+        if text:
+            self.report.notes.append(text)
