@@ -85,8 +85,9 @@ class Check:
                     gn = np.broadcast_to(gn, delta.shape)
                 except ValueError:
                     return True, ""
-                lp = float(np.sum(gn * np.maximum(delta, 0.0)))
-                ln = float(np.sum(gn * np.minimum(delta, 0.0)))
+                with np.errstate(all="ignore"):
+                    lp = float(np.sum(gn * np.maximum(delta, 0.0)))
+                    ln = float(np.sum(gn * np.minimum(delta, 0.0)))
                 tot = abs(lp + ln)
                 if not math.isfinite(tot) or (tot > TINY and tot > CANCEL * (abs(lp) + abs(ln))):
                     return True, ""
@@ -231,9 +232,10 @@ class Checker:
         if name.endswith("_") or getattr(tracer, "_dmode_on", False) or in_functorch():
             return undecided  # in place, recomputed in backward, a transform's tensors
         try:
-            deltas, idx = self._deltas(name, op, args, kwargs, outs)
-        except (RuntimeError, TypeError, ValueError, IndexError):
-            deltas, idx = None, None  # a graph without double backward, an unread operand
+            with np.errstate(all="ignore"):
+                deltas, idx = self._deltas(name, op, args, kwargs, outs)
+        except Exception:  # a graph without double backward, an unread operand: undecided
+            deltas, idx = None, None
         c = Check(deltas, indices=idx)
         if deltas is not None:
             self.watch(fout, c)
