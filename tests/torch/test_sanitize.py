@@ -225,7 +225,22 @@ def test_real_kinks_feeding_a_loss_are_flagged_with_their_set():
     by = {(f.catalog_id, f.where.line): f for f in report.findings}
     relu = by[("relu-at-zero", line_of("t-relu-loss"))]
     assert relu.detail["subdifferential"] == "[0, 1]"
+    # PyTorch's derivative there, against the entry's admissible set
+    assert relu.detail["value"] == "0" and relu.detail["admissible"] is True
     assert ("abs-at-zero", line_of("t-abs-mean")) in by  # |x - 1| at x = 1
+    assert by[("abs-at-zero", line_of("t-abs-mean"))].detail["admissible"] is True
+
+
+def test_tie_values_are_read_against_the_simplex():
+    x = _r([1.0, 0.0])
+    with gst.sanitize() as report:
+        a = torch.max(torch.stack([x[0], x[0] ** 2, x[1]]), dim=0).values  # v-maxdim
+        b = torch.maximum(x[0], x[0] ** 2)  # v-maximum
+        (a + b).backward()
+    by = {f.where.line: f for f in report.findings}
+    assert by[line_of("v-maxdim")].detail["value"] == "[1, 0, 0]"
+    assert by[line_of("v-maximum")].detail["value"] == "[0.5, 0.5]"
+    assert all(f.detail["admissible"] is True for f in report.findings)
 
 
 def test_no_gradient_through_the_kink_no_flag():

@@ -11,7 +11,7 @@ import torch
 
 from .. import _catalog
 from .._catalog import _classify
-from .._catalog._types import CONVENTION_KINDS
+from .._catalog._types import CONVENTION_KINDS, Admissible
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
@@ -124,6 +124,94 @@ _CHECKED_OPS = frozenset(
 )
 
 
+def _scalar_grads(fn: Any, values: list[float]) -> list[float] | None:
+    """PyTorch's partial derivatives of ``fn`` at scalar ``values`` (float64)."""
+    try:
+        with torch.enable_grad():
+            ts = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in values]
+            gs = torch.autograd.grad(fn(*ts), ts, allow_unused=True)
+        return [0.0 if g is None else float(g) for g in gs]
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _with_value(ev: Kink, op: str | None, name: str, operands: list, kwargs: dict) -> Kink:
+    """The kink with PyTorch's derivative at its first hit and whether it lies in the entry's
+    admissible set (abs, relu, maximum/minimum, clamp, and max/min/amax/amin reductions)."""
+    if op in ("reduce_max", "reduce_min"):
+        if name in ("max", "min", "amax", "amin"):
+            return _reduce_value(ev, name, operands, kwargs)
+        return ev
+    idx = ev.index or ()
+    try:
+        vals = [
+            None if o is None else float(np.broadcast_to(_rules.to_numpy(o), _shape(operands))[idx])
+            for o in operands
+        ]
+    except (TypeError, ValueError, IndexError):
+        return ev
+    g: list[float] | None = None
+    adm = _catalog.get(ev.entry_id).admissible
+    if op in ("abs", "relu") and vals and vals[0] is not None:
+        g = _scalar_grads(torch.abs if op == "abs" else torch.relu, [vals[0]])
+    elif op in ("max", "min") and len(vals) >= 2 and None not in vals[:2]:
+        g = _scalar_grads(torch.maximum if op == "max" else torch.minimum, vals[:2])  # type: ignore[arg-type]
+    elif op == "clamp" and len(vals) == 3:
+        lo, x, hi = vals
+        g = _scalar_grads(lambda t: torch.clamp(t, lo, hi), [x])  # type: ignore[list-item]
+    if g is None or adm is None:
+        return ev
+    value = _conventions._fmt(g if len(g) > 1 else g[0])
+    return dataclasses.replace(
+        ev, admissible=adm.contains(g, tol=1e-9), facts={**dict(ev.facts), "value": value}
+    )
+
+
+def _shape(operands: list) -> tuple:
+    shapes = [np.shape(_rules.to_numpy(o)) for o in operands if o is not None]
+    return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+
+
+def _reduce_value(ev: Kink, name: str, operands: list, kwargs: dict) -> Kink:
+    """A tied max/min over a dimension: PyTorch's gradient over the first tied row, against
+    the convex combinations of the tied entries."""
+    x = operands[0] if operands else None
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() == 0:
+        return ev
+    dim = kwargs.get("dim", operands[1] if len(operands) > 1 else None)
+    if dim is None:
+        row = x.detach().reshape(-1)
+    elif isinstance(dim, int):
+        moved = x.detach().movedim(dim, -1)
+        flat = moved.reshape(-1, moved.shape[-1])
+        idx = ev.index or ()
+        try:
+            j = int(np.ravel_multi_index(idx, moved.shape[:-1])) if idx else 0
+        except ValueError:
+            j = 0
+        row = flat[j]
+    else:
+        return ev
+    fn = getattr(torch, name)
+    by_dim = dim is not None and name in ("max", "min")  # (values, indices): the values
+
+    def red(*ts: torch.Tensor) -> torch.Tensor:
+        v = torch.stack(ts)
+        return fn(v, 0).values if by_dim else fn(v)
+
+    g = _scalar_grads(red, [float(v) for v in row])
+    if g is None:
+        return ev
+    r = row.double().numpy()
+    ext = r.max() if name in ("max", "amax") else r.min()
+    tied = tuple(int(i) for i in np.flatnonzero(r == ext))
+    words = _catalog.get(ev.entry_id).admissible
+    adm = Admissible.simplex(tied, words.words if words else "").contains(g, tol=1e-9)
+    return dataclasses.replace(
+        ev, admissible=adm, facts={**dict(ev.facts), "value": _conventions._fmt(g)}
+    )
+
+
 class _KinkTracer(_EagerTracer):
     """The tracer, reading each kink while the graph that led to it is alive: the kink event
     (catalog masks) and whether the gradient depends on it (:mod:`gradsan.torch._depends`)."""
@@ -149,6 +237,8 @@ class _KinkTracer(_EagerTracer):
         ev = kink_event(self, tag, nm, list(operands), dict(params), {})
         if ev is None:
             return
+        if ev.library is None and ev.admissible is None:
+            ev = _with_value(ev, tag.op, nm, list(operands), kwargs)
         check = None
         if ev.library is None and tag.op in _CHECKED_OPS:
             check = self.checker.check(self, nm, tag.op, args, kwargs, out)
