@@ -252,3 +252,15 @@ def test_no_gradient_through_the_kink_no_flag():
         detached = torch.abs(x.detach())
         (x * m + x * frozen + x * detached).sum().backward()
     assert report.findings == [], _ids(report)
+
+
+def test_a_gradient_penalty_is_said_not_checked():
+    # (an abs inside a create_graph backward crashes the tracer itself: not used here)
+    x = _r([0.0, 1.0])
+    with gst.sanitize() as report:
+        # C^1 at 0 (counted when no gradient is differentiated), listed here unchecked
+        f = torch.where(x > 0, x**2 + x, x).sum()  # p-where
+        (g,) = torch.autograd.grad(f, x, create_graph=True)
+        (f + (g**2).sum()).backward()
+    assert ("where-at-boundary", line_of("p-where")) in set(_ids(report))
+    assert any("create_graph=True" in n and "without checking" in n for n in report.notes)

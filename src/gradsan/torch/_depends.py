@@ -49,6 +49,11 @@ CHECKED_NOTE = (
     "there ({why})"
 )
 
+UNCHECKED_NOTE = (
+    "{fn} differentiates a gradient (create_graph=True): its kinks are listed without checking "
+    "whether its gradient depends on them"
+)
+
 _JUMPS: dict[str, Any] = {"floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc}
 _CMP: dict[str, Any] = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}
 

@@ -221,6 +221,14 @@ class _KinkTracer(_EagerTracer):
         self.checker = _depends.Checker()
         self.recorded: list[tuple[Tag, Kink, _depends.Check | None]] = []
 
+    higher_order = False  # a backward with create_graph=True ran (a gradient penalty)
+
+    def run_backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        pos = 4 if getattr(func, "__name__", "") == "grad" else 3  # autograd.grad / backward
+        if kwargs.get("create_graph") or (len(args) > pos and args[pos] is True):
+            self.higher_order = True
+        return super().run_backward(func, args, kwargs)
+
     def on_function(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         n = len(self.kink_hits)
         super().on_function(func, name, args, kwargs, out)
@@ -272,9 +280,10 @@ class sanitize(explain):
         paths = Namer().module_paths(list(self.modules) + tracer.roots)
         recorded = tracer.recorded if isinstance(tracer, _KinkTracer) else []
         ran = tracer.backward_calls > 0
+        unchecked = isinstance(tracer, _KinkTracer) and tracer.higher_order
         places: dict[tuple, list[tuple[Tag, Kink, bool, str]]] = {}
         for tag, ev, check in recorded:
-            dep, why = (True, "") if check is None else check.verdict(ran)
+            dep, why = (True, "") if check is None or unchecked else check.verdict(ran)
             w = ev.where
             k = (ev.entry_id, w.file if w else None, w.line if w else None, w.column if w else None)
             places.setdefault(k, []).append((tag, ev, dep, why))
@@ -290,3 +299,5 @@ class sanitize(explain):
         text = _depends.note(counts)
         if text:
             self.report.notes.append(text)
+        if unchecked and recorded:
+            self.report.notes.append(_depends.UNCHECKED_NOTE.format(fn=self.report.function))
