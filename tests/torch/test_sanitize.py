@@ -264,3 +264,24 @@ def test_a_gradient_penalty_is_said_not_checked():
         (f + (g**2).sum()).backward()
     assert ("where-at-boundary", line_of("p-where")) in set(_ids(report))
     assert any("create_graph=True" in n and "without checking" in n for n in report.notes)
+
+
+def test_probes_do_not_go_through_a_wrapped_autograd_grad(monkeypatch):
+    # gradsan run wraps torch.autograd.grad to check the user's calls: the dependence check's
+    # own gradients must not be counted (or checked) as the user's
+    import functools
+
+    calls = []
+    orig = torch.autograd.grad
+
+    @functools.wraps(orig)
+    def counted(*a, **k):
+        calls.append(1)
+        return orig(*a, **k)
+
+    monkeypatch.setattr(torch.autograd, "grad", counted)
+    x = _r([0.0, 1.0])
+    with gst.sanitize() as report:
+        (torch.relu(x).sum() + torch.linalg.norm(_r([0.0, 0.0]))).backward()
+    assert {f.catalog_id for f in report.findings} == {"relu-at-zero", "norm-at-zero"}
+    assert calls == []

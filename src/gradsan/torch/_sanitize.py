@@ -129,7 +129,7 @@ def _scalar_grads(fn: Any, values: list[float]) -> list[float] | None:
     try:
         with torch.enable_grad():
             ts = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in values]
-            gs = torch.autograd.grad(fn(*ts), ts, allow_unused=True)
+            gs = _depends.unwrapped_grad(fn(*ts), ts, allow_unused=True)
         return [0.0 if g is None else float(g) for g in gs]
     except (RuntimeError, TypeError, ValueError):
         return None
