@@ -193,12 +193,13 @@ class Checker:
         self.probing = True
         try:
             with torch.enable_grad():
+                # one J^T u pass (u -> J^T u is linear), differentiated once per direction
+                us = [torch.zeros_like(v, requires_grad=True) for v in live]
+                gs = unwrapped_grad(
+                    live, leaves, grad_outputs=us, create_graph=True, allow_unused=True
+                )
                 for j in range(DIRECTIONS):
                     dirs = self._directions(leaves, j)
-                    us = [torch.zeros_like(v, requires_grad=True) for v in live]
-                    gs = unwrapped_grad(
-                        live, leaves, grad_outputs=us, create_graph=True, allow_unused=True
-                    )
                     pairs = [(g, d) for g, d in zip(gs, dirs) if g is not None and g.requires_grad]
                     js: tuple[torch.Tensor | None, ...] = (None,) * len(us)
                     if pairs:
@@ -206,6 +207,7 @@ class Checker:
                             [g for g, _ in pairs],
                             us,
                             grad_outputs=[d for _, d in pairs],
+                            retain_graph=j < DIRECTIONS - 1,
                             allow_unused=True,
                         )
                     by_id = {id(v): t for v, t in zip(live, js)}
