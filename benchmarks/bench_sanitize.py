@@ -17,6 +17,10 @@
 
     python benchmarks/bench_sanitize.py [--epochs 3] [--layers 200]
     python benchmarks/bench_sanitize.py --paired /work/main/src --rounds 7 --layers 50
+    python benchmarks/bench_sanitize.py --paired /work/main/src --user-jit --rounds 7 --layers 50
+
+(Without ``--user-jit`` the step sanitize wraps is ``jax.grad(loss)`` itself, which its G0 call
+runs op by op: most of the measured time is that call, not the screen.)
 """
 
 from __future__ import annotations
@@ -142,8 +146,10 @@ def cost(layers: int, width: int) -> None:
     print(f"RESULT sanitize.repeat_vs_warm_step={again / warm:.2f}")
 
 
-def clean_ratio(layers: int, width: int, reps: int) -> None:
-    """One child's measure: sanitize's warm call on a clean step over the warm jitted step."""
+def clean_ratio(layers: int, width: int, reps: int, user_jit: bool = False) -> None:
+    """One child's measure: sanitize's warm call on a clean step over the warm jitted step.
+    ``user_jit``: sanitize the jitted step (its G0 call of the user's function is then the
+    compiled step, not the step run op by op)."""
     params = init(jax.random.PRNGKey(1), [32] + [width] * layers + [10], jnp.float32)
     x = jax.random.normal(jax.random.PRNGKey(2), (16, 32))
     y = jax.nn.one_hot(jnp.arange(16) % 10, 10)
@@ -152,7 +158,7 @@ def clean_ratio(layers: int, width: int, reps: int) -> None:
         return jax.grad(loss)(params, x, y)
 
     fast = jax.jit(step)
-    san = gsj.sanitize(step)
+    san = gsj.sanitize(fast if user_jit else step)
     jax.block_until_ready(fast(params, x, y))
     r = san(params, x, y)
     assert not r.findings, "the clean step has findings"
@@ -168,7 +174,7 @@ def clean_ratio(layers: int, width: int, reps: int) -> None:
     print(f"RESULT clean.sanitize_ms={np.median(sani) * 1e3:.4f}")
 
 
-def paired(other: str, rounds: int, layers: int, reps: int) -> None:
+def paired(other: str, rounds: int, layers: int, reps: int, user_jit: bool = False) -> None:
     import os
     import re
     import subprocess
@@ -183,7 +189,8 @@ def paired(other: str, rounds: int, layers: int, reps: int) -> None:
         for name in order:
             env = dict(os.environ, PYTHONPATH=trees[name])
             out = subprocess.run(
-                [sys.executable, __file__, "--child", "--layers", str(layers), "--reps", str(reps)],
+                [sys.executable, __file__, "--child", "--layers", str(layers), "--reps", str(reps)]
+                + (["--user-jit"] if user_jit else []),
                 env=env,
                 capture_output=True,
                 text=True,
@@ -216,13 +223,16 @@ def main() -> None:
     ap.add_argument("--paired", default=None, help="another gradsan src tree to compare with")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument(
+        "--user-jit", action="store_true", help="--paired: sanitize the jitted step, not the step"
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
-        clean_ratio(ns.layers, 32, ns.reps)
+        clean_ratio(ns.layers, 32, ns.reps, ns.user_jit)
         return
     if ns.paired:
-        paired(ns.paired, ns.rounds, ns.layers, ns.reps)
+        paired(ns.paired, ns.rounds, ns.layers, ns.reps, ns.user_jit)
         return
     telemetry(ns.epochs, ns.width, ns.batch)
     cost(ns.layers, 32)
