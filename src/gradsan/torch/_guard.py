@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
-from . import _accum, _amp, _compat, _distributed, _replay
+from . import _accum, _amp, _compat, _distributed, _replay, _untilborn
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._func import GradCheck
 from ._mode import all_finite, tensors_in
@@ -306,6 +306,7 @@ class guard:
         tracer = session.tracer
         assert tracer is not None
         tracer.node_level = True  # type: ignore[attr-defined]  # see _nodes.py
+        tracer.node_hooks = _untilborn.UntilBorn  # type: ignore[attr-defined]  # _untilborn.py
         out = None
         report.notes.extend(self._amp.report_notes())  # gradsan.torch._amp
         report.notes.extend(self._dist_notes)  # gradsan.torch._distributed
@@ -356,6 +357,7 @@ class guard:
                 )
             )
         session.finish(tracer)
+        report.notes.extend(n for n in [_untilborn.note(tracer)] if n and not report.ok)
         report.outputs = out
         if report.ok:
             report.findings.append(unlocated(self._recorded(watched, grads_left)))
