@@ -83,10 +83,12 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
     from ..torch._distributed import RunDist, real_leaves
     from ..torch._func import RunCheck
     from ..torch._guard import finite
+    from ..torch._spawn import patch_spawn
 
     amp = RunWatch(hooks).install()  # gradsan.torch._amp: GradScaler steps decide their own
     RunDist(hooks).install()  # gradsan.torch._distributed: DDP ranks, checked before all-reduce
     accum = RunAccum(hooks).install()  # gradsan.torch._accum: names the micro-batch
+    patch_spawn(hooks, torch)  # gradsan.torch._spawn: torch.multiprocessing.spawn's workers
     orig_backward = torch.Tensor.backward
     orig_grad = torch.autograd.grad
     # gradsan.torch._func: torch.func's results; installed before any session's own wrappers
