@@ -132,6 +132,8 @@ class RunAccum:
     def annotate(self, f: Any) -> None:
         if f.backend != "torch" or f.report is None or f.call == self.func_call:
             return
+        if getattr(f, "spawned", False):  # a spawned worker's call count, not this process's
+            return
         note = micro_batch_note(f.call - self.start, self.previous)
         if note is not None:
             f.report.notes.append(note)

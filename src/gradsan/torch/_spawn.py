@@ -74,7 +74,7 @@ def _load(path: str) -> Any:
 
 def patch_spawn(hooks: Any, torch: Any) -> None:
     """Wrap ``torch.multiprocessing.start_processes`` (``spawn`` calls it) under `gradsan run`."""
-    from .._run._failure import Failure, Stop, say
+    from .._run._failure import Failure, say
 
     mod = sys.modules.get("torch.multiprocessing.spawn")
     if mod is None or not hasattr(mod, "start_processes"):
@@ -116,16 +116,17 @@ def patch_spawn(hooks: Any, torch: Any) -> None:
                         "a spawned worker is not re-run to locate the op: `gradsan run --trace` "
                         "traces every step of every worker"
                     )
-                raise Stop(
-                    Failure(
-                        backend="torch",
-                        report=report,
-                        call=call,
-                        label=f"{label}, in spawned worker rank {rank} of {nprocs}",
-                        tensors={},
-                        traced=True,  # the parent cannot re-run a worker's step
-                    )
-                ) from None
+                failure = Failure(
+                    backend="torch",
+                    report=report,
+                    call=call,
+                    label=f"{label}, in spawned worker rank {rank} of {nprocs}",
+                    tensors={},
+                    traced=True,  # the parent cannot re-run a worker's step
+                )
+                failure.spawned = True  # type: ignore[attr-defined]  # (a worker's call count)
+                hooks.on_failure(failure)  # gradsan run stops; the pytest plugin raises
+                raise
             finally:
                 n = sum(_load(p) or 0 for p in glob.glob(os.path.join(outdir, "rank*.calls")))
                 hooks.stats.backward += n
