@@ -1,6 +1,8 @@
 """Origins in equinox and flax code, as a user of those libraries reads them: equinox's
 ``error_if(on_error="nan")`` is named as the check that fired, at the user's call and with its
-condition (not "already in the input: a constant holds nan")."""
+condition (not "already in the input: a constant holds nan"); a NaN born inside a library
+module is located at the user's line that called into it, with the library function's public
+name (``eqx.nn.MLP.__call__``, ``nnx.LayerNorm.__call__``), not ``equinox (call__)``."""
 
 import pytest
 
@@ -64,3 +66,52 @@ def test_a_real_nan_next_to_an_error_if_is_still_the_real_one():
 
     (f,) = gsj.explain(jax.grad(loss))(jnp.array([0.0, 1.0])).findings
     assert f.catalog_id == "sqrt-at-zero" and f.where.line == line_of("the sqrt")
+
+
+def mlp_loss(model, x):
+    return jnp.sum(model(x))  # the call into equinox
+
+
+def test_origin_inside_an_equinox_module_is_the_users_call_with_the_library_named():
+    mlp = eqx.nn.MLP(2, 1, 4, 1, activation=jnp.log, key=jax.random.key(0))
+    r = gsj.explain(eqx.filter_grad(mlp_loss))(mlp, jnp.array([1.0, -3.0]))
+    f = r.findings[0]
+    assert f.where.line == line_of("the call into equinox") and f.where.function == "mlp_loss"
+    assert f.library == "eqx.nn.MLP.__call__"
+    assert "(inside eqx.nn.MLP.__call__) at " in str(r).splitlines()[0]
+    assert "call__)" not in str(r).replace("__call__", "")
+    ln = eqx.nn.LayerNorm(3, eps=0.0)
+    (g,) = gsj.explain(eqx.filter_grad(mlp_loss))(ln, jnp.ones(3)).findings
+    assert g.library == "eqx.nn.LayerNorm.__call__" and g.catalog_id == "rsqrt-at-zero"
+    # through equinox's own vmap wrapper: still the module's function
+    (h, *_) = gsj.explain(eqx.filter_grad(lambda m, x: jnp.sum(eqx.filter_vmap(m)(x))))(
+        mlp, -jnp.ones((3, 2))
+    ).findings
+    assert h.library == "eqx.nn.MLP.__call__"
+
+
+def test_origin_inside_flax_nnx_and_linen_modules():
+    nnx = pytest.importorskip("flax.nnx")
+    import flax.linen as nn
+
+    ln = nnx.LayerNorm(3, epsilon=0.0, rngs=nnx.Rngs(0))
+
+    def loss(m, x):
+        return jnp.sum(m(x))  # the nnx call
+
+    (f, *_) = gsj.explain(nnx.grad(loss))(ln, jnp.ones((1, 3))).findings
+    assert f.library == "nnx.LayerNorm.__call__" and f.where.line == line_of("the nnx call")
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.LayerNorm(epsilon=0.0)(x)  # the linen call
+
+    m = M()
+    p = m.init(jax.random.key(0), jnp.ones((1, 3)))
+    (g, *_) = gsj.explain(jax.grad(lambda p, x: jnp.sum(m.apply(p, x))))(
+        p, jnp.ones((1, 3))
+    ).findings
+    # linen's method wrappers are skipped: the module's own function is named
+    assert g.library == "flax.linen.LayerNorm.__call__"
+    assert g.where.line == line_of("the linen call")
