@@ -77,6 +77,32 @@ class FrameworkWatched(Watched):
     def label(self) -> str:
         return f"`{_name(self._target)}` ({self._framework}.{self._kind})"
 
+    # equal when the framework's own functions are (an equinox transform is a Module, equal by
+    # its fields): ``eqx.filter_pmap(eqx.filter_grad(f))`` re-created hits equinox's cache, as
+    # it does without gradsan (equinox's test_pmap_grad counts the traces)
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if type(other) is not type(self):
+            return NotImplemented
+        try:
+            return bool(self._inner == other._inner)  # type: ignore[attr-defined]
+        except Exception:  # arrays in the fields: an array of comparisons
+            return False
+
+    def __hash__(self) -> int:
+        try:
+            return hash((type(self), self._inner))
+        except TypeError:  # a Module with a dict field (filter_grad's options): by its pytree
+            pass
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten(self._inner)
+        try:
+            return hash((type(self), treedef, tuple(leaves)))
+        except TypeError:  # array leaves
+            return id(self)
+
     @property
     def donating(self) -> bool:
         o = self._opts

@@ -121,6 +121,37 @@ def _module_parts(filename: str) -> list[str] | None:
     return parts or None
 
 
+def user_copy(filename: str) -> bool:
+    """Whether ``filename``, whose path names a framework (``.../equinox/...``), is the user's
+    code all the same: a test file of an installed package that pytest collected (``pytest
+    --pyargs optax``: registered as the user's), or a file outside the installed package's
+    directory (the tests of a checkout of equinox)."""
+    if not any(f"{os.sep}{p}{os.sep}" in filename for p in _PACKAGES):
+        return False
+    from .. import _userfile
+
+    path = os.path.abspath(filename)
+    if path in _userfile._registered:
+        return True
+    return _userfile.is_user_file(filename) and not path.startswith(_package_dirs())
+
+
+@functools.cache
+def _package_dirs() -> tuple[str, ...]:
+    """The installed frameworks' package directories (found without importing them)."""
+    import importlib.util
+
+    dirs: set[str] = set()
+    for name in _PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            dirs.update(os.path.join(d, "") for d in spec.submodule_search_locations)
+    return tuple(sorted(dirs))
+
+
 # -- equinox's error_if -----------------------------------------------------------------------------
 
 
@@ -148,12 +179,17 @@ def _bodies(eqn: Any) -> list:
 
 
 def _consts(closed: Any) -> list:
-    """Every constant of a closed jaxpr and of the closed jaxprs nested in it."""
+    """Every constant and literal of a closed jaxpr and of the jaxprs nested in it (a scalar
+    NaN is a literal operand)."""
+    from jax.extend import core as jcore
+
     found = list(getattr(closed, "consts", ()))
     jaxpr = getattr(closed, "jaxpr", closed)
     for eqn in jaxpr.eqns:
+        found += [v.val for v in eqn.invars if isinstance(v, jcore.Literal)]
         for sub in _bodies(eqn):
             found += _consts(sub)
+    found += [v.val for v in jaxpr.outvars if isinstance(v, jcore.Literal)]
     return found
 
 

@@ -14,7 +14,7 @@ import sys
 from .._report import Frame
 from .._report._frames import frame_at
 from .._userfile import GRADSAN_DIR, is_gradsan_file, is_user_file
-from ._frameworks import framework_name
+from ._frameworks import framework_name, user_copy
 
 _SEP = os.sep
 
@@ -70,6 +70,8 @@ def file_class(filename: str) -> str:
     for pat in _PLUMBING:
         if pat in filename:
             return "plumbing"
+    if user_copy(filename):  # a checkout's tests, an installed package's collected tests
+        return "user"
     for pat, prefix in _LIBRARIES.items():
         if pat in filename:
             return "library:" + prefix
