@@ -3,6 +3,7 @@ script (one subprocess for the file): a patched ``jax.jit`` called first eagerly
 ``jax.vmap`` passes the traced call through (equinox's test_vprim: it raised gradsan's
 "called inside a JAX transformation" error); ``eqx.filter_pmap(eqx.filter_grad(f))`` made twice
 traces ``f`` as often as without gradsan (test_pmap_grad: the checked wrapper compared unequal);
+equinox warns about a ``jax.jit`` of a module stored as a field (test_jax_transform_warn);
 equinox's error_if inside a test file of a checkout of equinox (a path with ``/equinox/`` in it)
 is located at the test's line, which is the user's code."""
 
@@ -34,6 +35,16 @@ def f(x):
 eqx.filter_pmap(eqx.filter_grad(f))(jnp.array([1.0]))
 eqx.filter_pmap(eqx.filter_grad(f))(jnp.array([2.0]))
 print("pmap traces", traces)
+
+import warnings
+
+class A(eqx.Module):
+    linear: object
+
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    A(jax.jit(eqx.nn.Linear(2, 2, key=jax.random.key(0))))  # equinox warns: not a pytree
+print("warned", any("JAX-transformed callable" in str(w.message) for w in seen))
 """
 
 CHECKOUT_TEST = """
@@ -63,6 +74,7 @@ def test_patched_jit_inside_vmap_and_filter_pmap_traces(runs):
     out = r.stdout.splitlines()
     assert out[0].startswith("eager ") and out[1] == "vmap " + out[0].split()[1], r.stderr
     assert out[2] == "pmap traces 2"  # eval_shape + pmap, the second call cached (as plain)
+    assert out[3] == "warned True"  # equinox's warning for a jax.jit'd module as a field
 
 
 def test_error_if_in_a_checkout_of_equinox_is_at_the_users_line(runs):

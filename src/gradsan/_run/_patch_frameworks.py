@@ -349,6 +349,13 @@ def patch_equinox(hooks: Hooks, eqx: Any) -> None:
     for name in EQX_NAMES:
         if hasattr(eqx, name):
             _wrap(hooks, eqx, name, "eqx")
+    # equinox warns when a Module field holds a jax.jit/jax.grad of a module (its parameters
+    # would not be updated); it knows those by their type, and the user's are gradsan's
+    # Watched (equinox's test_jax_transform_warn: DID NOT WARN under --gradsan)
+    mod = sys.modules.get("equinox._module._module")
+    types = getattr(mod, "_transform_types", None)
+    if isinstance(types, set) and Watched not in types:
+        hooks.set(mod, "_transform_types", types | {Watched})
 
 
 def patch_nnx(hooks: Hooks, nnx: Any) -> None:
