@@ -16,6 +16,7 @@ import functools
 import linecache
 import os
 import sys
+from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
@@ -68,15 +69,19 @@ _PLUMBING = tuple(
 )
 
 
-def framework_name(prefix: str, code: CodeType, inner: str | None = None) -> str | None:
-    """The public name of the framework function ``code`` belongs to (``eqx.nn.MLP.__call__``,
-    ``optax.chain (update_fn)``), or None when ``prefix`` is not a framework's. ``inner``: the
-    name from the library frame inside this one, kept when ``code`` is a framework's wrapper."""
+def framework_name(
+    prefix: str, code: CodeType, inner: str | None, fallback: Callable[[str, str], str]
+) -> str | None:
+    """The name of the library function ``code`` belongs to: for a framework its public name
+    (``eqx.nn.MLP.__call__``, ``optax.chain (update_fn)``), else ``fallback(prefix, name)``.
+    ``inner``: the name from the library frame inside this one, kept when ``code`` is a
+    framework's own wrapper (``nnx.jit``'s, linen's method wrappers), which is never named."""
     if prefix not in _PACKAGES:
-        return None
-    if inner is not None and any(p in code.co_filename for p in _PLUMBING):
+        return fallback(prefix, code.co_name)
+    if any(p in code.co_filename for p in _PLUMBING):
         return inner
-    return _public(code.co_filename, getattr(code, "co_qualname", code.co_name))
+    name = _public(code.co_filename, getattr(code, "co_qualname", code.co_name))
+    return name or fallback(prefix, code.co_name)
 
 
 @functools.lru_cache(maxsize=4096)

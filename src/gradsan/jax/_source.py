@@ -137,7 +137,7 @@ def _place_of(tb) -> Place:
             pos = _position(code, lasti)
             key = (code.co_filename, pos)
         if cls.startswith("library:"):
-            library = framework_name(cls[8:], code, library) or _libname(cls[8:], code.co_name)
+            library = framework_name(cls[8:], code, library, _libname)
             continue
         # the first user frame
         return Place(_frame(code, lasti), key, library, cvjp)
