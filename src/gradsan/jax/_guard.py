@@ -52,7 +52,7 @@ def _decided(ok: Any) -> bool:
     if isinstance(ok, jax.core.Tracer):
         raise UsageError(_INSIDE)
     if isinstance(ok, jax.Array):
-        return bool(ok.item())  # about 100 us less than bool(array), which checks and profiles
+        return bool(np.asarray(ok))  # numpy's read: a few us less than ok.item()
     return bool(ok)
 
 
