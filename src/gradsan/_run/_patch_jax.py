@@ -108,10 +108,13 @@ class Watched:
             # Donation is kept (as without gradsan); a failing step whose inputs it consumed
             # is reported by its bad outputs
             checker = self._checker = Checker(self._inner, background=False, keep_inputs=False)
-            # the flag is read one call late (after the next call is dispatched), so checking
-            # forces no sync per step; a failure names the call it belongs to, and a flag not
-            # read when the script ends or raises is read then (run_script)
-            self._defer = getattr(hooks, "defer_flags", False)
+            # on an accelerator the flag is read one call late (after the next call is
+            # dispatched), so checking forces no sync per step; a failure names the call it
+            # belongs to, and a flag not read when the script ends or raises is read then
+            # (run_script). On the CPU it is read at once: the script stops at the failing
+            # step (not one later), and one call late saves little there
+            # (benchmarks/bench_call_cost.py --part steps)
+            self._defer = getattr(hooks, "defer_flags", False) and _accelerated()
             self._tracer = _tracer_type()
         if (checker.fused is None or not checker.state.get("sized")) and _has_tracer(
             (args, kwargs)
@@ -205,6 +208,12 @@ def _tracer_type() -> type:
     import jax
 
     return jax.core.Tracer
+
+
+def _accelerated() -> bool:
+    import jax
+
+    return jax.default_backend() != "cpu"
 
 
 def _pending_of(hooks: Hooks) -> set:

@@ -8,7 +8,8 @@ The same compiled program runs, so the values are bit-identical to ``bind``'s. A
 does not handle (tracers, effects, parameters holding jaxprs or unhashable values, an output
 of another type than the equation's) returns None and the caller binds as before.
 
-:func:`approximate` (guard's replay of a large program on the CPU): once ``after`` equations
+:func:`approximate` (guard's replay): the cached programs are used past ``CACHED_AFTER``
+XLA evaluations (a large program), and on the CPU, once ``after`` equations
 have been dispatched to XLA one at a time, float equations with a numpy twin (matmul, tanh,
 sums: IEEE like XLA, up to rounding in the last bits) are evaluated with numpy, which costs
 microseconds where a synchronous XLA dispatch costs 0.1-2 ms on a loaded machine. The caller
@@ -60,6 +61,11 @@ def _program(eqn: Any) -> Callable | None:
     return fn
 
 
+CACHED_AFTER = 100
+"""Within :func:`approximate`, the XLA evaluations past this many go through this module's
+cached programs (each compiled once here; below it, ``bind`` reuses jax's own)."""
+
+
 class Approximation:
     """The state of one approximate replay: XLA dispatches made, numpy evaluations after."""
 
@@ -100,13 +106,16 @@ def _numpy_twin(eqn: Any, invals: list) -> list | None:
 def evaluate(eqn: Any, invals: list) -> list | None:
     """``eqn``'s outputs on concrete ``invals`` (a list), or None when the caller should bind."""
     state = _APPROX.get()
-    if state is not None and state.dispatched >= state.after:
+    if state is None:  # outside guard's replay: bind as always
+        return None
+    if state.dispatched >= state.after:
         got = _numpy_twin(eqn, invals)
         if got is not None:
             state.approximated += 1
             return got
-    if state is not None:
-        state.dispatched += 1
+    state.dispatched += 1
+    if state.dispatched <= CACHED_AFTER:  # a small replay: bind (its programs are jax's,
+        return None  # shared with the user's eager calls), no program compiled here
     hit = _BY_EQN.get(id(eqn))
     if hit is None or hit[0] is not eqn:
         if len(_BY_EQN) > _MAX:
