@@ -73,10 +73,11 @@ def _one_compile(n: int, variant: str) -> float:
     import gradsan.jax as gsj
 
     loss, args = deep_loss(n)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fun = jax.jit(jax.grad(loss))
     if variant == "plain":
         jax.block_until_ready(fun(*args))
+        CPU_S.setdefault(variant, []).append(time.process_time() - c0)
         return time.perf_counter() - t0
     g = gsj.guard(fun)
     if variant == "run":
@@ -87,7 +88,13 @@ def _one_compile(n: int, variant: str) -> float:
         assert "sqrt" in str(e).splitlines()[0], str(e)[:200]
     else:  # pragma: no cover
         raise AssertionError("guard did not report")
+    CPU_S.setdefault(variant, []).append(time.process_time() - c0)
     return time.perf_counter() - t0
+
+
+CPU_S: dict[str, list[float]] = {}
+"""The process's CPU seconds (all threads) of each timed run: on a machine shared with other
+work, wall-clock seconds mostly measure the queue for a core; CPU seconds the work done."""
 
 
 def part_compile(
@@ -96,7 +103,14 @@ def part_compile(
     """Fresh functions each time (nothing cached), the variants alternated round by round."""
     names = variants.split(",")
     for n in layer_counts:
+        CPU_S.clear()
         got = paired({v: (lambda v=v: _one_compile(n, v)) for v in names}, rounds)
+        for v in names:
+            print(f"  {n:5d} layers: {v:6s} cpu {stats(CPU_S[v])} s")
+            print(f"RESULT compile.layers{n}.{v}_cpu_s={statistics.median(CPU_S[v]):.2f}")
+            if v != "plain" and "plain" in CPU_S:
+                extra = [a - b for a, b in zip(CPU_S[v], CPU_S["plain"])]
+                print(f"  {n:5d} layers: {v} - plain cpu {stats(extra)} s")
         for v in names:
             print(f"  {n:5d} layers: {v:6s} {stats(got[v])} s")
             print(f"RESULT compile.layers{n}.{v}_s={statistics.median(got[v]):.2f}")
