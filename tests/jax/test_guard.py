@@ -245,3 +245,34 @@ def test_run_mode_checker_keeps_donation_and_reports_consumed_inputs():
     y = jnp.ones(3)
     out, ok, via = c.run((y,), {})
     assert c.report((y,), {}, out, via).findings[0].primitive == "log"
+
+
+# -- the call path (issue 17): callbacks, calls inside transformations ---------------------------
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_guard_replay_does_not_repeat_callbacks(jit):
+    from jax.experimental import io_callback
+
+    log: list = []
+
+    def f(x):
+        io_callback(lambda v: log.append("io"), None, x, ordered=True)
+        jax.debug.callback(lambda v: log.append("debug"), x)
+        return jnp.log(x)
+
+    g = gsj.guard(jax.jit(f) if jit else f)
+    with pytest.raises(gradsan.NonFiniteError) as e:
+        g(jnp.array([0.0, 1.0]))
+    jax.effects_barrier()
+    assert sorted(log) == ["debug", "io"]  # the user's call only; the replay skipped them
+    assert e.value.report.findings[0].primitive == "log"
+
+
+def test_guard_inside_jit_is_a_clear_error_also_for_many_outputs():
+    from gradsan.jax import _flags
+
+    n = _flags.FUSE_LIMIT + 1
+    step = jax.jit(lambda x: [x * i for i in range(n)])
+    with pytest.raises(gradsan.UsageError, match="inside a JAX transformation"):
+        jax.jit(lambda x: gsj.guard(step)(x)[0])(jnp.ones(2))
