@@ -4,8 +4,9 @@ the true gradient; and (where the gradsan measured has it) ``Report.patch()`` is
 patch to a copy and run.
 
 Programs: the demo gallery (src/gradsan/_demo/case.py of the gradsan measured), the catalog's
-trigger programs (tests/jax/test_catalog_triggers.py) and the real-world programs of
-tests/fix/realworld/ (rebuilt from public NaN-gradient reports).
+trigger programs (tests/jax/test_catalog_triggers.py), the conformance suite's triggers (one per
+catalog entry and backend, tests/fix/conformance_*.py; kinks under sanitize) and the real-world
+programs of tests/fix/realworld/ (rebuilt from public NaN-gradient reports).
 
     PYTHONPATH=<the src to measure> python tools/fix_measure.py [--json OUT] [--only SET]
 
@@ -68,6 +69,25 @@ def programs() -> list[dict]:
         out.append(
             dict(set="triggers", name=entry, backend="jax", src=trig, key=fn.__name__, kind="trig")
         )
+    # the conformance suite's trigger programs, one per catalog entry and backend (kinks run
+    # under sanitize)
+    from tests.fix import conformance_jax as CJ
+    from tests.fix import conformance_torch as CT
+
+    for backend, cmod in (("jax", CJ), ("torch", CT)):
+        for entry in sorted(cmod.TRIGGERS):
+            fn, _pt, _truth, tool = cmod.TRIGGERS[entry]
+            out.append(
+                dict(
+                    set=f"conformance-{backend}",
+                    name=entry,
+                    backend=backend,
+                    src=cmod.__file__,
+                    key=entry,
+                    kind="conf",
+                    tool=tool,
+                )
+            )
     rw = os.path.join(ROOT, "tests", "fix", "realworld")
     from tests.fix.realworld import jax_programs as RJ
     from tests.fix.realworld import torch_programs as RT
@@ -121,6 +141,17 @@ def make(p: dict, mod) -> tuple:
         fn = getattr(mod, p["key"])
         truth = TRIGGER_TRUTH.get(p["name"])
         return jax.value_and_grad(fn), (jnp.float32(0.0),), truth
+    if p["kind"] == "conf":
+        fn, point, truth, _tool = mod.TRIGGERS[p["key"]]
+        if truth == "clarke":
+            truth = ("admissible", p["key"])
+        elif truth is not None:
+            truth = [np.asarray(truth, dtype=np.float64)]
+        if p["backend"] == "torch":
+            import torch
+
+            return fn, (torch.tensor(point, requires_grad=True),), truth
+        return jax.value_and_grad(fn), (jnp.array(point),), truth
     fun, args = mod.PROGRAMS[p["key"]]()
     truth = mod.TRUTH[p["key"]]
     if isinstance(truth, str) and truth in mod.COMPUTED:
@@ -149,7 +180,7 @@ def gradient(p: dict, mod) -> tuple[list[np.ndarray] | None, float | None, objec
     from gradsan.jax import _compat
 
     info = _compat.grad_info(fun)
-    if p["kind"] == "trig":
+    if p["kind"] in ("trig", "conf"):
         value, out = float(out[0]), out[1]
     elif info is not None:
         try:
@@ -170,6 +201,9 @@ def is_true(grads: list[np.ndarray], truth: object) -> bool:
             (np.linalg.norm(g, axis=-1) <= 1 + 1e-5).all() if g.ndim else abs(g) <= 1 + 1e-5
             for g in grads
         )
+    if isinstance(truth, tuple) and truth[0] == "admissible":  # the entry's Clarke set
+        adm = gradsan.catalog.get(truth[1]).admissible
+        return adm is not None and all(adm.contains(g, tol=1e-5, sum_tol=1e-5) for g in grads)
     if isinstance(truth, tuple) and truth[0] == "interval":
         return all(((g >= truth[1] - 1e-5) & (g <= truth[2] + 1e-5)).all() for g in grads)
     ts = list(truth)  # type: ignore[call-overload]
@@ -262,12 +296,13 @@ def measure_program(p: dict, tmp: str) -> dict:
         fh.write(text)
     mod = load(path)
     fun, args, truth = make(p, mod)
+    sanitize = p.get("tool") == "sanitize"
     if p["backend"] == "torch":
         import gradsan.torch as gst
 
-        report = gst.explain(fun)(*args)
+        report = (gst.sanitize if sanitize else gst.explain)(fun)(*args)
     else:
-        report = gsj.explain(fun)(*args)
+        report = (gsj.sanitize if sanitize else gsj.explain)(fun)(*args)
     base, base_value, _ = gradient(p, load(path))
     nan_case = base is not None and not all(np.isfinite(g).all() for g in base)
     row: dict = dict(
@@ -279,7 +314,7 @@ def measure_program(p: dict, tmp: str) -> dict:
     )
     tree = ast.parse(text)
     for f in report.findings:
-        if f.kind not in ("nonfinite", "unresolved") or f.where is None:
+        if f.kind not in ("nonfinite", "unresolved", "kink", "convention") or f.where is None:
             continue
         if os.path.abspath(f.where.file) != os.path.abspath(path):
             continue

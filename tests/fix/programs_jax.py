@@ -60,7 +60,7 @@ def masked_log1p(x):
 
 
 def exp_log(x):
-    return jnp.sum(jnp.exp(2.0 * jnp.log(x)) * 0.0)  # L:exp-log
+    return jnp.sum(jnp.exp(2.0 * jnp.log(x)) * 0.0)  # L:exp-log-at-zero
 
 
 POINTS = {
@@ -106,7 +106,7 @@ ENTRY = {
     "masked_rsqrt": "rsqrt-at-zero",
     "masked_int_pow": "integer-pow-negative-at-zero",
     "masked_log1p": "log1p-at-minus-one",
-    "exp_log": "log-at-zero",
+    "exp_log": "exp-log-at-zero",
 }
 
 

@@ -14,7 +14,7 @@ import torch
 import gradsan.jax as gsj
 import gradsan.torch as gst
 from gradsan import Frame
-from gradsan._fix import proposals, render_suggestions
+from gradsan._fix import proposals, render_suggestions, route
 from gradsan._fix._site import locate
 from gradsan._report._records import FixProposal
 
@@ -221,7 +221,16 @@ def test_multi_line_statement(tmp_path):
 
 def test_exp_of_p_log_a_is_a_power(tmp_path):
     fr = site_frame(tmp_path, "y = jnp.exp(p * jnp.log(a))", "jnp.log(a)")
-    assert codes("log-at-zero", "jax", fr)[0] == "y = gradsan.jax.safe.pow(a, p)"
+    # its own entry (issue #13 item 5), whose first fix is the power
+    assert route("log-at-zero", "jax", fr) == "exp-log-at-zero"
+    assert codes("exp-log-at-zero", "jax", fr)[0] == "y = gradsan.jax.safe.pow(a, p)"
+    fr = site_frame(tmp_path, "y = jnp.log2(x)", "jnp.log2(x)")
+    assert route("log-at-zero", "jax", fr) == "log2-log10-at-zero"
+    assert codes("log2-log10-at-zero", "jax", fr)[0] == (
+        "y = gradsan.jax.safe.log(x) / 0.6931471805599453"
+    )
+    fr = site_frame(tmp_path, "y = jnp.log(x)", "jnp.log(x)")
+    assert route("log-at-zero", "jax", fr) == "log-at-zero"
 
 
 def test_failed_fixes_are_not_printed_and_json_has_the_verdicts():

@@ -120,6 +120,14 @@ def t_f16(x):
     return jnp.exp(x.astype(jnp.float16) + 12.0)  # L:float16-overflow
 
 
+def t_log2(x):
+    return jnp.log2(x)  # L:log2-log10-at-zero
+
+
+def t_exp_log(x):
+    return jnp.exp(2.0 * jnp.log(x))  # L:exp-log-at-zero
+
+
 TRIGGERS = {
     "sqrt-at-zero": (t_sqrt, "gradient"),
     "sqrt-of-negative": (t_sqrt_neg, "value"),
@@ -131,6 +139,8 @@ TRIGGERS = {
     "integer-pow-negative-at-zero": (t_int_pow, "value"),
     "div-by-zero": (t_div, "value"),
     "log-at-zero": (t_log, "value"),
+    "log2-log10-at-zero": (t_log2, "value"),
+    "exp-log-at-zero": (t_exp_log, "gradient"),
     "log-of-negative": (t_log_neg, "value"),
     "log1p-at-minus-one": (t_log1p, "value"),
     "xlogy-at-zero": (t_xlogy, "gradient"),
@@ -176,9 +186,18 @@ def test_every_nonfinite_entry_has_a_trigger():
     assert missing == []
 
 
-# jnp.log2/log10 are log(x) / log(base): the op that meets 0 is log itself, and the catalog
-# folds them into log-at-zero.
-@pytest.mark.parametrize("fn", [jnp.log2, jnp.log10], ids=["log2", "log10"])
-def test_log2_log10_are_reported_as_log(fn):
-    [f] = gsj.explain(jax.grad(lambda x: fn(x)))(0.0).findings
-    assert f.catalog_id == "log-at-zero" and f.primitive == "log"
+# jnp.log2/log10 are log(x) / log(base): the op that meets 0 is log itself, and the finding is
+# routed to their own entry (whose fix divides the safe log by ln 2 / ln 10), issue #13 item 5.
+def t_log10(x):
+    return jnp.log10(x)
+
+
+@pytest.mark.parametrize("fn", [t_log2, t_log10], ids=["log2", "log10"])
+def test_log2_log10_have_their_own_entry(fn):
+    [f] = gsj.explain(jax.grad(fn))(0.0).findings
+    assert f.catalog_id == "log2-log10-at-zero" and f.primitive == "log"
+
+
+def test_a_log_of_a_log2_call_argument_stays_log_at_zero():
+    [f] = gsj.explain(jax.grad(lambda x: jnp.log2(1.0 + jnp.log(x))))(0.0).findings[:1]
+    assert f.catalog_id == "log-at-zero"

@@ -18,14 +18,18 @@ from .. import _catalog
 from .._report._records import FixProposal, Frame
 from . import _rewrite as R
 from ._edit import proposal
+from ._route import route
 from ._site import Site, locate
 
 __all__ = [
     "NOT_RUN",
     "where_trap_proposals",
     "proposals",
+    "route",
     "verified",
     "verify_report",
+    "verify_kinks",
+    "verify_block",
     "report_patch",
     "render_suggestions",
 ]
@@ -80,7 +84,7 @@ def proposals(entry_id: str | None, backend: str, where: Frame | None) -> list[F
         return True
 
     if site is not None:
-        for shape in (R.rewrite_exp_log, R.rewrite_where_guard):
+        for shape in (R.rewrite_where_guard,):
             got = shape(site, backend)
             if got is not None:
                 add(got[0], got[1])
@@ -149,6 +153,22 @@ def verified(report, fun, args, kwargs, backend: str):  # type: ignore[no-untype
     """``report`` with its fixes verified on ``fun(*args, **kwargs)`` (the entry points' hook)."""
     verify_report(report, fun, args, kwargs, backend)
     return report
+
+
+def verify_kinks(report, fun, args, kwargs, backend: str):  # type: ignore[no-untyped-def]
+    """``report`` with its kink findings' fixes verified against the Clarke set (:mod:`._kinks`):
+    the hook sanitize's report path calls."""
+    from ._kinks import verify_kinks as run
+
+    return run(report, fun, args, kwargs, backend)
+
+
+def verify_block(report, frame) -> None:  # type: ignore[no-untyped-def]
+    """The fixes of a ``with gradsan.torch.explain():`` block run on the block (:mod:`._block`):
+    the hook the torch session's exit calls with the user's frame."""
+    from ._block import verify_block as run
+
+    run(report, frame)
 
 
 def report_patch(report) -> str:  # type: ignore[no-untyped-def]

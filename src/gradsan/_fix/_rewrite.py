@@ -598,7 +598,14 @@ def rewrite_exp_log(site: Site, backend: str) -> tuple[str, Rewrite] | None:
     )
 
 
+def rewrite_exp_log_entry(site: Site, backend: str) -> Rewrite | None:
+    """The exp-log-at-zero entry's fix: :func:`rewrite_exp_log`'s rewrite."""
+    got = rewrite_exp_log(site, backend)
+    return got[1] if got is not None else None
+
+
 REWRITERS: dict[str, Callable[..., Rewrite | None]] = {
+    "exp_log": rewrite_exp_log_entry,
     "double_where": rewrite_double_where,
     "clamp_safe": rewrite_clamp_safe,
     "fold_pow": rewrite_fold_pow,

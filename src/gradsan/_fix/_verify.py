@@ -317,7 +317,10 @@ class _Program:
                 raise LookupError  # certify needs the loss: only nansafe can help
             rep = certify(self.fun)(*self.args, **self.kwargs)
             label = next((f.detail.get("label") for f in rep.findings), None)
-            leaves = _leaves(self.grad_part(rep.outputs)) if rep.outputs is not None else []
+            outs = rep.outputs  # certify's outputs are the gradient (also for value_and_grad)
+            if self.info.kind == "value_and_grad" and isinstance(outs, tuple) and len(outs) == 2:
+                outs = outs[1]
+            leaves = _leaves(outs) if outs is not None else []
             if label == "gradient" and leaves and _finite(leaves):
                 return leaves, "the certified limit"
             if label == "clarke-subgradient" and leaves and _finite(leaves):
@@ -476,9 +479,15 @@ def _enclosing(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFuncti
     return best
 
 
-def verify_set(prog: _Program, props: list[FixProposal], note: str | None) -> tuple[str, str]:
+Check = Callable[[_Program, FixProposal, "str | None"], tuple[str, str]]
+
+
+def verify_set(
+    prog: _Program, props: list[FixProposal], note: str | None, check: Check | None = None
+) -> tuple[str, str]:
     """Run the program with every fix of ``props`` in place at once (one per finding: a fix is
-    checked with the other findings' fixes applied, since each of them poisons the outputs too)."""
+    checked with the other findings' fixes applied, since each of them poisons the outputs too);
+    ``check`` judges the run (default: against the reference gradient)."""
     by_file: dict[str, list[FixProposal]] = {}
     for p in props:
         if p.file is None:
@@ -523,7 +532,7 @@ def verify_set(prog: _Program, props: list[FixProposal], note: str | None) -> tu
                 yield
 
         prog.original = all_original
-        return _check(prog, props[0], note)
+        return (check or _check)(prog, props[0], note)
 
 
 def verify_one(
@@ -595,7 +604,9 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
     """Verify the code fixes of the report's findings in place: verified fixes first, each with
     what was checked; failed ones kept (for the JSON) but not printed."""
     from . import render_suggestions
+    from ._kinks import verify_kinks
 
+    verify_kinks(report, fun, args, kwargs, backend)  # torch sanitize's kinks (JAX: sanitize's)
     todo = [
         f
         for f in report.findings

@@ -98,6 +98,7 @@ def catalog_finding(
 
     ``detail``: typed details (or a plain mapping of their keys, converted)."""
     entry = None
+    entry_id = _fix.route(entry_id, backend, where)  # log2/log10, exp(p * log a): own entries
     if entry_id is not None:
         try:
             entry = _catalog.get(entry_id)

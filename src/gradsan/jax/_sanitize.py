@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _catalog
+from .. import _catalog, _fix
 from .._catalog._classify import classify
 from .._catalog._ops import TIES
 from .._events import Kink as KinkEvent
@@ -834,6 +834,6 @@ def sanitize(
         found, notes = kink_report(fun, args, kwargs, nums, directions, tuple(ign))
         report.findings.extend(found)
         report.notes.extend(notes)
-        return report
+        return _fix.verify_kinks(report, fun, args, kwargs, "jax")  # fix: Clarke-set check
 
     return sanitized

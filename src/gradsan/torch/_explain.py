@@ -525,6 +525,7 @@ class _Session:
             self.left = dict(f.f_locals)
             self.namer.add_locals(self.left)
         self.finish(tracer)
+        _fix.verify_block(self.report, f)  # fix: a with-block's fixes run on the block
 
     def finish(self, tracer: Tracer) -> None:
         notes = self.returned(tracer)

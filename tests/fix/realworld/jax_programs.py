@@ -108,6 +108,38 @@ def clipped_update_norm(g):
     return jnp.sum(g * jnp.minimum(1.0, 1.0 / jnp.maximum(n, 1e-6))) + n * 0.0
 
 
+# https://github.com/jax-ml/jax/issues/17070 (a masked softmax's entropy in bits: log2 of the
+# masked-out 0 in the unselected branch)
+def masked_entropy_bits(logits):
+    mask = jnp.array([True, True, False])
+    attn = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf))
+    return jnp.sum(jnp.where(mask, attn * -jnp.log2(attn), 0.0))
+
+
+# https://github.com/pytorch/pytorch/issues/152088 in JAX (log1p of a -1 that a constant mask
+# drops)
+def masked_log1p(a):
+    keep = jnp.array([False, True, True])
+    return jnp.sum(jnp.where(keep, jnp.log1p(a), 0.0))
+
+
+# https://github.com/google-deepmind/optax/pull/1743 and torch.nn.CosineSimilarity's eps: a
+# cosine similarity with the norms' product floored at eps, at a zero vector
+def cosine_with_eps(a):
+    b = jnp.array([1.0, 2.0])
+    den = jnp.maximum(jnp.linalg.norm(a) * jnp.linalg.norm(b), 1e-6)
+    return jnp.dot(a, b) / den
+
+
+# https://github.com/nishnik/poincare_embeddings/issues/4 (the Poincare distance arccosh(1 + ...)
+# between a point and itself: arccosh at 1)
+def poincare_self_distance(u):
+    v = jnp.array([0.1, 0.2])
+    sq = jnp.sum((u - v) ** 2)
+    den = (1.0 - jnp.sum(u**2)) * (1.0 - jnp.sum(v**2))
+    return jnp.arccosh(1.0 + 2.0 * sq / den)
+
+
 def _pairwise_truth():
     x = jnp.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])
 
@@ -156,6 +188,13 @@ PROGRAMS = {
     "log_of_sigmoid": lambda: (jax.grad(log_of_sigmoid), (jnp.array([-200.0, 1.0]),)),
     "distance_to_target": lambda: (jax.grad(distance_to_target), (jnp.array([1.0, 2.0]),)),
     "clipped_update_norm": lambda: (jax.grad(clipped_update_norm), (jnp.zeros(3),)),
+    "masked_entropy_bits": lambda: (jax.grad(masked_entropy_bits), (jnp.zeros(3),)),
+    "masked_log1p": lambda: (jax.grad(masked_log1p), (jnp.array([-1.0, 0.5, 1.0]),)),
+    "cosine_with_eps": lambda: (jax.grad(cosine_with_eps), (jnp.zeros(2),)),
+    "poincare_self_distance": lambda: (
+        jax.grad(poincare_self_distance),
+        (jnp.array([0.1, 0.2]),),
+    ),
 }
 TRUTH = {
     "squared_norm": [[0.0, 0.0]],
@@ -175,5 +214,12 @@ TRUTH = {
     "log_of_sigmoid": None,
     "distance_to_target": "ball",
     "clipped_update_norm": [[1.0, 1.0, 1.0]],
+    # two equal logits: the entropy (1 bit) is at its maximum, its gradient 0
+    "masked_entropy_bits": [[0.0, 0.0, 0.0]],
+    "masked_log1p": [[0.0, 2.0 / 3.0, 0.5]],
+    # |a| |b| < eps near 0: the loss is a . b / eps there
+    "cosine_with_eps": [[1e6, 2e6]],
+    # the distance is a cone at u == v (c |u - v| to first order): 0 is in its Clarke set
+    "poincare_self_distance": "ball",
 }
 COMPUTED = {"pairwise": _pairwise_truth, "entropy": _entropy_truth}

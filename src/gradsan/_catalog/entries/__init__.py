@@ -7,11 +7,12 @@ what each field holds and where a new entry goes.
 from __future__ import annotations
 
 from .._types import Singularity
-from . import angles, inputs, kinks, library, logs, overflow, roots, special, where
+from . import angles, inputs, kinks, library, logs, logs_extra, overflow, roots, special, where
 
 ENTRIES: tuple[Singularity, ...] = (
     *roots.ENTRIES,
     *logs.ENTRIES,
+    *logs_extra.ENTRIES,
     *angles.ENTRIES,
     *overflow.ENTRIES,
     *special.ENTRIES,
