@@ -156,6 +156,10 @@ class ZeroStep:
     backward: bool = False
     text: str = ""  # INPUT/CONST: the value's name
     value: str = ""  # UNDERFLOW/BY_DESIGN: the operand that made it, formatted
+    # INPUT: the input is not among what the other (non-finite) factor was computed from: a
+    # mask passed as an argument, not a factor of the singular expression (z * z)
+    independent: bool = False
+    ref: int | None = None  # INPUT (torch): id() of the leaf tensor, named at report time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +167,7 @@ class ZeroSource:
     kind: ZeroKind
     frame: Frame | None
     step: ZeroStep
+    birth: ZeroStep | None = None  # the path's last step: where the zero was born
 
 
 def follow_zero(
@@ -207,7 +212,7 @@ def classify_zero(path: Sequence[ZeroStep]) -> ZeroSource | None:
         return None
 
     def result(kind: ZeroKind, s: ZeroStep) -> ZeroSource:
-        return ZeroSource(kind, framed(s), s)
+        return ZeroSource(kind, framed(s), s, birth)
 
     if birth.role == DERIVATIVE or (birth.role == VALUE and birth.op in _POW_OPS):
         return result(ZeroKind.DERIVATIVE, birth)
@@ -244,6 +249,12 @@ def classify_zero(path: Sequence[ZeroStep]) -> ZeroSource | None:
             if m is not None:
                 return result(ZeroKind.MASK, m)
         return result(ZeroKind.CONSTANT, birth)
+    if birth.role == INPUT and birth.independent:
+        # a product with an input the non-finite factor does not depend on: a mask passed as
+        # an argument (x * m with m == 0), differentiated or not
+        m = nearest(MUL)
+        if m is not None:
+            return result(ZeroKind.INPUT_MASK, m)
     if birth.role == INPUT:
         # the cotangent times a forward value that is 0 because the input is: the derivative
         # of that product vanishes there (d(z * z)/dz = 2 z at z = 0)

@@ -71,7 +71,10 @@ class ZeroKind(enum.Enum):
 
     WHERE = "where"  # an unselected where/select branch: its gradient (or value) is 0
     NAN_TO_NUM = "nan-to-num"  # nan_to_num replaced the value; the replaced element's gradient is 0
-    MASK = "mask"  # a product with a mask (a constant or an input holding zeros)
+    MASK = "mask"  # a product with a constant mask (a constant holding zeros)
+    # a product with an input of the function that holds zeros (a mask passed as an argument,
+    # differentiated like any other): not one of the factors the non-finite value came from
+    INPUT_MASK = "input-mask"
     SLICE = "slice"  # a slice, gather or indexing dropped the element: its gradient is 0
     CONSTANT = "constant"  # a constant of the program (a literal 0, one-hot labels, a mask)
     INPUT = "input"  # the zero is in an input of the function
@@ -146,6 +149,13 @@ class Origin:
     backward: bool = False  # jax: the producing equation is in the backward pass
     note: Note | None = None
     note_value: str = ""  # the slot of DERIVATIVE_IS and RETURNED
+    # the forward operation's own value is an indeterminate form of finite operands at the
+    # first hit ("0/0": x / y with x == y == 0), whatever the origin node is (a derivative's
+    # coefficient): the value is NaN there, no inf was born from the user's point of view
+    value_form: str = ""
+    # a std/var: how many elements it reduced over, and its ddof (torch: correction), when seen
+    reduced: int | None = None
+    ddof: float | None = None
     custom_vjp_call: Frame | None = None  # the slot of CUSTOM_VJP_RULE
     poison: Poison | None = None
     because: Because | None = None

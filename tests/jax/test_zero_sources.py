@@ -166,3 +166,35 @@ def test_why_says_a_masked_zero_is_by_design_and_an_underflow_is_not():
     fun, args, _ = CASES["underflow_exp"]
     f = gsj.explain(jax.grad(fun))(*args).findings[0]
     assert f.explanation.startswith("Here the zero factor is a value that underflowed")
+
+
+def masked_by_argument(x, m):
+    y = jnp.log(x)  # O:masked_by_argument
+    return jnp.sum(y * m)  # Z:masked_by_argument
+
+
+def squared_input(x, m):
+    return jnp.sum(jnp.sqrt(x * x) * m)  # O:squared_input
+
+
+def test_a_mask_passed_as_a_differentiated_argument_is_a_mask_not_a_derivative():
+    x, m = jnp.array([0.0, 1.0]), jnp.array([0.0, 1.0])
+    report = gsj.explain(jax.grad(masked_by_argument, argnums=(0, 1)))(x, m)
+    f = next(f for f in report.findings if f.form)
+    assert f.where.line == line_of("O:masked_by_argument")
+    assert f.zero_from.line == line_of("Z:masked_by_argument")
+    assert f.detail["zero_kind"] == ZeroKind.INPUT_MASK.value
+    assert f.detail["met_text"].startswith(
+        "`y * m` multiplies by the input `m`, which is 0 here: a mask passed as an argument"
+    )
+    assert "the derivative of" not in f.detail["met_text"]
+
+
+def test_a_constant_mask_and_a_vanishing_derivative_keep_their_kinds():
+    # the same zero through an input the inf was computed from: the derivative of x * x
+    x, m = jnp.array([0.0, 1.0]), jnp.array([1.0, 1.0])
+    f = gsj.explain(jax.grad(squared_input, argnums=(0, 1)))(x, m).findings[0]
+    assert f.detail["zero_kind"] == ZeroKind.DERIVATIVE.value, str(f)
+    fun, args, _ = CASES["mask_product"]  # a captured constant: MASK
+    f = gsj.explain(jax.grad(fun))(*args).findings[0]
+    assert f.detail["zero_kind"] == ZeroKind.MASK.value

@@ -178,3 +178,84 @@ def test_sqrt_of_a_negative_is_headlined_as_a_domain_error():
     assert f.catalog_id == "sqrt-of-negative"
     assert "derivative is inf" not in str(report)
     assert f.explanation.startswith("Here sqrt got -4.0: a real negative value")
+
+
+class MyLog(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.log()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g / x
+
+
+def test_custom_function_is_blamed_at_its_apply_line():
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    with gst.explain() as report:
+        y = MyLog.apply(x)  # L:apply
+        z = torch.where(x > 0, y, torch.zeros_like(y))  # L:apply-use
+        z.mean().backward()
+    (f,) = report.findings
+    assert f.primitive == "MyLog (custom autograd.Function)"
+    assert f.where.line == line_of("L:apply"), str(report)
+    assert f.zero_from.line == line_of("L:apply-use") and f.detail["zero_kind"] == "where"
+    assert "inside Tensor" not in str(report)
+
+
+def test_float16_overflow_under_autocast_is_explained_by_the_catalog():
+    lin = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+        lin.bias.zero_()
+    x = torch.full((2, 4), 2e4)
+    with gst.explain(module=lin) as report:
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = lin(x)  # L:fp16
+        h.float().sum().backward()
+    (f,) = report.findings
+    assert f.catalog_id == "float16-overflow" and f.where.line == line_of("L:fp16")
+    assert f.explanation.startswith("float16 holds magnitudes up to 65504 only.")
+
+
+def test_torch_std_reports_use_torch_names():
+    x = torch.tensor([3.0], requires_grad=True)
+    with pytest.warns(UserWarning, match="degrees of freedom"):
+        with gst.explain() as report:
+            torch.std(x).backward()
+    text = str(report)
+    assert "torch.std" in text and "jnp." not in text and "JAX" not in text, text
+
+
+def test_a_mask_passed_as_a_differentiated_argument_is_a_mask_not_a_derivative():
+    def masked(x, m):
+        y = torch.log(x)  # L:arg-mask-origin
+        return (y * m).sum()  # L:arg-mask
+
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    m = torch.tensor([0.0, 1.0], requires_grad=True)
+    (f,) = gst.explain(masked)(x, m).findings
+    assert f.where.line == line_of("L:arg-mask-origin")
+    assert f.zero_from.line == line_of("L:arg-mask")
+    assert f.detail["zero_kind"] == ZeroKind.INPUT_MASK.value
+    assert f.detail["met_text"].startswith(
+        "`y * m` multiplies by the input `m`, which is 0 here: a mask passed as an argument"
+    )
+
+
+def test_a_parameter_mask_in_the_backward_and_a_vanishing_derivative():
+    w = torch.nn.Parameter(torch.tensor([0.0, 1.0]))
+
+    def g(x):
+        y = torch.sqrt(x)
+        return (y * w).sum()  # L:param-mask
+
+    (f,) = gst.explain(g)(torch.tensor([0.0, 1.0], requires_grad=True)).findings
+    assert f.detail["zero_kind"] == ZeroKind.INPUT_MASK.value
+    assert f.zero_from.line == line_of("L:param-mask")
+    (f,) = gst.explain(lambda x: torch.sqrt(x * x).sum())(
+        torch.tensor([0.0, 1.0], requires_grad=True)
+    ).findings
+    assert f.detail["zero_kind"] == ZeroKind.DERIVATIVE.value

@@ -152,6 +152,13 @@ def _index_list(index: Sequence[int]) -> str:
 
 
 def _note(ev: Origin) -> str | None:
+    form = M.VALUE_FORMS.get(ev.value_form)
+    if form is not None:  # the values seen: 0.0 / 0.0, whatever node the origin is
+        if ev.phase == "value" or ev.note in (None, Note.RETURNED):
+            return M.NOTE_VALUE_FORM.format(form=form)
+        return M.NOTE_VALUE_FORM_TOO.format(form=form)
+    if ev.note is None and _no_dof(ev):
+        return M.NOTE_ONE_ELEMENT.format(ddof=_number(ev.ddof if ev.ddof is not None else 1))
     if ev.note is Note.DERIVATIVE_IS:
         return M.NOTE_DERIVATIVE_IS.format(value=ev.note_value)
     if ev.note is Note.DERIVATIVE_RULE_NAN:
@@ -175,7 +182,7 @@ def form_text(p: Poison) -> str:
     if p.op_class == "div":
         if pair and p.form == "0/0":
             return M.FORM_ZERO_OVER_ZERO
-        if pair and p.form == "inf/inf":
+        if pair and p.form in ("inf/inf", "0*nan"):
             assert vals is not None
             return M.FORM_QUOTIENT.format(a=_format(vals[0]), b=_format(vals[1]))
         return ""
@@ -184,6 +191,52 @@ def form_text(p: Poison) -> str:
     if p.op_class == "product":
         return M.FORM_INSIDE.format(op=p.op)
     return M.FORM_OF_INFINITE.format(op=p.op)
+
+
+def _zero_sentence(ev: Origin, p: Poison, zero_from: Frame | None) -> str:
+    """The zero's clause; when the origin's own value is 0 / 0 and the zero is made on its
+    line, the zero is its own operand (the derivative of x / y reads x == 0), said as such."""
+    if ev.value_form == "0/0" and zero_from is not None and zero_from == ev.where:
+        expr = _zero.expression(zero_from)
+        return M.ZERO_OWN_FORM.format(code=f"`{expr}`" if expr else M.ZERO_THIS_OPERATION)
+    return _zero.sentence(p, zero_from)
+
+
+def met_clause(ev: Origin, zero_from: Frame | None, met_where: Frame | None) -> str | None:
+    """The headline's words for where the non-finite value met a zero, from the values seen:
+    the value that met the zero (inf, -inf, nan), a 0 / 0, or an opposite infinity."""
+    p = ev.poison
+    if p is None or not p.form:
+        return None
+    if p.form == "0/0":
+        return M.HEAD_ZERO_OVER_ZERO.format(zero=zero_from) if zero_from is not None else None
+    if p.form in ("0*inf", "0*nan") and zero_from is not None:
+        text = form_text(p)
+        if ev.value_form and text:  # no inf was born from the user's view: the value is 0 / 0
+            return M.HEAD_IN_DERIVATIVE.format(form=text, zero=zero_from)
+        value = "nan" if p.form == "0*nan" else _met_value(ev, p)
+        return M.HEAD_MET_ZERO.format(value=value, zero=zero_from)
+    if p.form == "inf-inf" and met_where is not None:
+        return M.HEAD_OPPOSITE_INF.format(value=_met_value(ev, p), where=met_where)
+    return None
+
+
+def _met_value(ev: Origin, p: Poison) -> str:
+    """The non-finite value the origin produced (what met the zero), as seen; for a NaN made
+    from constant infinities (its own form), the infinite operand."""
+    ops = p.operands
+    if ev.because is Because.CONSTANT_INFS and ops is not None and p.zero_operand in (0, 1):
+        other = ops[1 - p.zero_operand] if len(ops) == 2 else None
+        if other is not None:
+            return format_value(other)
+    v = ev.produced or ev.result
+    if v in ("inf", "-inf", "nan"):
+        return v
+    try:
+        f = float(v)
+    except ValueError:
+        return "inf"
+    return format_value(f) if f != f or f in (float("inf"), float("-inf")) else "inf"
 
 
 def _met(ev: Origin, detail: OriginDetails) -> tuple[Frame | None, Frame | None, str | None]:
@@ -197,21 +250,27 @@ def _met(ev: Origin, detail: OriginDetails) -> tuple[Frame | None, Frame | None,
         if not p.form:
             return None, None, None
         met_op = M.MET_OP_IN_NODE.format(op=p.op, node=p.node) if p.node is not None else p.op
-        detail.met_text = M.MET_TORCH.format(form=p.form, met_op=met_op)
-        zero = _zero.sentence(p, p.zero_from)
+        text = form_text(p) if p.operands is not None else ""
+        if text:  # the values seen, in JAX's words: 0.0 * -inf = nan
+            detail.met_text = M.MET_TORCH_VALUES.format(text=text, met_op=met_op)
+        else:
+            detail.met_text = M.MET_TORCH.format(form=p.form, met_op=met_op)
+        if p.form in ("0*inf", "0*nan"):
+            detail.met_value = "nan" if p.form == "0*nan" else _met_value(ev, p)
+        zero = _zero_sentence(ev, p, p.zero_from)
         if zero:
             detail.met_text = M.ZERO_AND.format(zero=zero, form=detail.met_text)
-        return p.zero_from, None, met_op
+        return p.zero_from, p.where if p.form == "inf-inf" else None, met_op
     text = form_text(p)
     phase = M.MET_JAX_BACKWARD if p.backward else ""
     met_text = M.MET_JAX.format(text=text, phase=phase, op=p.op) if text else ""
     detail.met_value = ev.produced or ev.result
-    if p.form == "0/0":  # g / x with g == 0 and x == 0: the inf is the slope 1 / x
-        detail.met_value = "inf"
+    if p.form == "0/0":  # g / x with g == 0 and x == 0: a zero met a zero divisor
+        detail.met_value = "0.0"
     zero_from = None
     if p.zero_operand is not None:
         zero_from = p.zero_from
-        zero = _zero.sentence(p, zero_from)
+        zero = _zero_sentence(ev, p, zero_from)
         if zero and met_text:
             met_text = M.ZERO_AND.format(zero=zero, form=met_text)
         elif p.zero_constant:
@@ -256,9 +315,14 @@ def origin(ev: Origin) -> Finding:
         backend_op = M.MET_OP_IN_NODE.format(op=ev.backend_op, node=ev.node)
     if ev.backward:
         backend_op += " (backward)"
-    # a NaN made from constant infinities: the poison is the origin's own form, met nowhere else
-    own = ev.because is Because.CONSTANT_INFS
+    # a NaN made from constant infinities: the poison is the origin's own form, met nowhere
+    # else; where a zero made it (0 * -inf: exp(-inf) = 0 times the mask), that zero is named
+    own = ev.because is Because.CONSTANT_INFS and (
+        ev.poison is None or ev.poison.zero_operand is None
+    )
     zero_from, met_where, met_op = (None, None, None) if own else _met(ev, detail)
+    if not own:
+        detail.met_clause = met_clause(ev, zero_from, met_where)
     f = catalog_finding(
         backend=ev.backend,
         entry_id=ev.entry_id,
@@ -285,7 +349,9 @@ def origin(ev: Origin) -> Finding:
     )
     if ev.input is not None:
         f.values = _input_values(ev)
-    if ev.poison is not None and ev.poison.zero_kind is ZeroKind.WHERE and ev.because is None:
+    if ev.reduced == 1 and ev.because is None:
+        _one_element(f, ev)
+    elif ev.poison is not None and ev.poison.zero_kind is ZeroKind.WHERE and ev.because is None:
         _where_trap(f, ev, zero_from)
     elif ev.because is None and f.explanation:
         observed = _observed_why(ev, zero_from)
@@ -308,6 +374,7 @@ def origin(ev: Origin) -> Finding:
 _NEGATIVE_ENTRIES = ("sqrt-of-negative", "log-of-negative", "pow-negative-base")
 _BY_DESIGN = {
     ZeroKind.MASK: "a mask",
+    ZeroKind.INPUT_MASK: "a mask passed as an argument",
     ZeroKind.SLICE: "a slice or index drops it",
     ZeroKind.CONSTANT: "a constant of the program",
     ZeroKind.NAN_TO_NUM: "nan_to_num replaced it",
@@ -317,6 +384,8 @@ _BY_DESIGN = {
 
 def _observed_why(ev: Origin, zero_from: Frame | None) -> str:
     """A sentence from the values this report saw, put before the entry's generic words."""
+    if ev.value_form == "0/0":
+        return M.WHY_ZERO_OVER_ZERO.format(op=ev.op)
     if ev.entry_id in _NEGATIVE_ENTRIES and ev.got is not None:
         try:
             v = float(ev.got) if ev.got_value is None else ev.got_value
@@ -334,6 +403,30 @@ def _observed_why(ev: Origin, zero_from: Frame | None) -> str:
         what = f"`{_zero.expression(zero_from)}`" if _zero.expression(zero_from) else "exp"
         return M.WHY_ZERO_UNDERFLOW.format(what=what)
     return ""
+
+
+def _number(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+def _no_dof(ev: Origin) -> bool:
+    """A std/var over one element with ddof >= 1: n - ddof <= 0, the value is 0 / 0."""
+    return ev.reduced == 1 and (ev.value_form == "0/0" or (ev.ddof is not None and ev.ddof >= 1))
+
+
+def _one_element(f: Finding, ev: Origin) -> None:
+    """A std/var over a single element: n - ddof = 0 (0 / 0 in the value), or the derivative
+    of sqrt(0) (ddof = 0); its own case, not the constant data of the entry's words."""
+    op = ev.library or (f"torch.{ev.op}" if ev.backend == "torch" else ev.op)
+    if _no_dof(ev):
+        ddof = _number(ev.ddof if ev.ddof is not None else 1)
+        f.explanation = M.WHY_ONE_ELEMENT_NO_DOF.format(op=op, ddof=ddof)
+        what = M.TITLE_ONE_ELEMENT_NO_DOF
+    else:
+        f.explanation = M.WHY_ONE_ELEMENT_SQRT.format(op=op)
+        what = M.TITLE_ONE_ELEMENT_SQRT
+    f.title = M.TITLE_ONE_ELEMENT.format(op=op, what=what)
+    f.detail["reduced"] = 1
 
 
 WHERE_TRAP = "where-trap"

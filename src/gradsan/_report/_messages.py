@@ -21,9 +21,20 @@ NOTE_DERIVATIVE_IS = "its derivative is {value} there"
 NOTE_DERIVATIVE_RULE_NAN = "its derivative rule gave nan there"
 NOTE_RETURNED = "it returned {value}"
 NOTE_CUSTOM_VJP_RULE = "in the custom_vjp backward rule called at {call}"
+# the forward value itself is an indeterminate form of finite operands (events.Origin.value_form)
+NOTE_VALUE_FORM = "{form}"
+NOTE_VALUE_FORM_TOO = "{form} already in the forward pass"
+VALUE_FORMS = {"0/0": "0.0 / 0.0 = nan"}
+
+# the headline's clause for the meeting, from the values seen (details.met_clause)
+HEAD_MET_ZERO = ", and that {value} met a zero at {zero}"
+HEAD_ZERO_OVER_ZERO = ", and a zero from {zero} met a zero divisor: 0.0 / 0.0 = nan"
+HEAD_IN_DERIVATIVE = ", and in its derivative {form} at {zero}"
+HEAD_OPPOSITE_INF = ", and that {value} met an infinity of the opposite sign at {where}"
 
 # where the inf met a zero
 MET_TORCH = "{form} = NaN in {met_op}"
+MET_TORCH_VALUES = "{text} in {met_op}"
 MET_OP_IN_NODE = "{op} in {node}"  # torch: an aten op and the autograd Node it ran in
 MET_JAX = "{text} in the {phase}`{op}`"
 MET_JAX_BACKWARD = "backward "
@@ -39,6 +50,12 @@ ZERO_NAN_TO_NUM = (
     "replaced element's gradient is 0"
 )
 ZERO_MASK = "{code} multiplies by a mask{name} that is 0 here, so the gradient through it is 0"
+ZERO_INPUT_MASK = (
+    "{code} multiplies by {name}, which is 0 here: a mask passed as an argument (not a "
+    "constant), so the gradient through it is 0"
+)
+ZERO_INPUT_MASK_NAME = "the input `{name}`"
+ZERO_INPUT_MASK_ANY = "a tensor that requires grad"
 ZERO_SLICE = "{code} does not use this element (slicing or indexing drops it), so its gradient is 0"
 ZERO_CONSTANT = "the zero is a constant of the program: {code}"
 ZERO_INPUT = "the zero is in the input `{name}`"
@@ -48,6 +65,7 @@ ZERO_BY_DESIGN = "{code} is exactly 0 by design: exp(-inf) = 0, the weight of a 
 ZERO_CANCEL = "{code} is a difference of equal values: exactly 0"
 ZERO_STOP = "no gradient flows along this path (an integer value or stop_gradient): it is 0"
 ZERO_VALUE = "{code} is 0 here"
+ZERO_OWN_FORM = "{code} is 0.0 / 0.0 here"  # the zero is the origin's own operand (value_form)
 ZERO_AND = "{zero}, and {form}"
 
 # "why" from what was observed, before the entry's own words
@@ -62,6 +80,29 @@ WHY_ROUNDING_NEGATIVE = (
 WHY_ZERO_BY_DESIGN = (
     "Here the 0 that reaches {op} is excluded by design ({what}): the NaN is 0 * inf on an "
     "element the result does not use, not an underflowed probability."
+)
+WHY_ZERO_OVER_ZERO = (
+    "Here {op} got 0.0 / 0.0: both operands are exactly 0, so the value itself is NaN (no "
+    "infinity was involved), and its derivative divides by the same 0."
+)
+# std/var over one element (events.Origin.reduced == 1): its own case, not constant data
+NOTE_ONE_ELEMENT = "one element with ddof={ddof}: n - ddof = 0, so 0 / 0 = nan"
+TITLE_ONE_ELEMENT = "{op} of a single element: {what}"
+TITLE_ONE_ELEMENT_NO_DOF = "n - ddof = 0, the value is 0 / 0 = NaN"
+TITLE_ONE_ELEMENT_SQRT = "the derivative of sqrt(0)"
+WHY_ONE_ELEMENT_NO_DOF = (
+    "Here {op} reduces over a single element with ddof={ddof}: the divisor n - ddof is 1 - "
+    "{ddof} = 0, so the variance is 0 / 0 = NaN already in the forward value, and the gradient "
+    "is NaN with it. This is not constant data: one element leaves no degree of freedom for "
+    "the unbiased estimate. Reduce over more than one element, or use ddof=0 "
+    "(torch: correction=0) where a single element can occur."
+)
+WHY_ONE_ELEMENT_SQRT = (
+    "Here {op} reduces over a single element: the mean of one element is that element, so "
+    "x - mean is exactly 0 and the variance is 0 for every input; the gradient is the "
+    "derivative of sqrt at 0 (inf) times that 0, which is NaN. This is not constant data: the "
+    "std of one element is 0 whatever its value, so its true derivative is 0. Reduce over more "
+    "than one element, or write sqrt(var + eps)."
 )
 WHY_ZERO_UNDERFLOW = (
     "Here the zero factor is a value that underflowed to exactly 0 ({what}), not a zero by design."

@@ -163,6 +163,7 @@ class OriginDetails(Details):
     custom_vjp_call: str | None = None  # jax: the call site of the custom_vjp rule it was born in
     met_text: str | None = None  # the indeterminate form at the place the inf met a zero
     met_value: str | None = None  # what met the zero ("inf", "nan")
+    met_clause: str | None = None  # the headline's words for the meeting (built from values)
     zero_kind: str | None = None  # what made that zero exact (events.ZeroKind's value)
     zero_entry: str | None = None  # the catalog entry that explains it ("where-trap")
     why_unresolved: str | None = None  # nansafe: why the value was left non-finite

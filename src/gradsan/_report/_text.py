@@ -94,7 +94,9 @@ def headline(f: Finding) -> str:
         s += " in the forward pass"
     if f.detail.get("note"):
         s += f" ({f.detail['note']})"
-    if f.zero_from is not None and f.form:
+    if f.detail.get("met_clause"):  # built from the values seen (_report/_build.py)
+        s += f.detail["met_clause"]
+    elif f.zero_from is not None and f.form:
         s += f", and that {f.detail.get('met_value', 'inf')} met a zero at {f.zero_from}"
     return s + "."
 

@@ -84,6 +84,13 @@ def sentence(p: Poison, zero_from: Frame | None) -> str:
     if k is ZeroKind.MASK:
         name = f" `{p.zero_text}`" if p.zero_text and not p.zero_text.startswith("a ") else ""
         return M.ZERO_MASK.format(code=code, name=name)
+    if k is ZeroKind.INPUT_MASK:
+        name = (
+            M.ZERO_INPUT_MASK_NAME.format(name=p.zero_text)
+            if p.zero_text
+            else M.ZERO_INPUT_MASK_ANY
+        )
+        return M.ZERO_INPUT_MASK.format(code=code, name=name)
     if k is ZeroKind.INPUT:
         return M.ZERO_INPUT.format(name=p.zero_text or "an input")
     if k is ZeroKind.UNDERFLOW:

@@ -452,13 +452,27 @@ def _origins(blame: Blame, src: Src) -> list[tuple[Node, Node | Poison | None]]:
     real = [f for f in found if f[0].kind != "const"]
     out: list[tuple[Node, Node | Poison | None]] = []
     for origin, poison in real or found:
-        if poison is None and origin.kind == "eqn" and NAN in origin.status:
+        # a NaN may meet a zero on its way (0 * nan: a where, a slice); one that constant
+        # infinities made by meeting a zero (0 * -inf) names that zero as its own form
+        if (
+            poison is None
+            and origin.kind == "eqn"
+            and NAN in origin.status
+            and not _own_zero(origin)
+        ):
             meet = nan_meeting(src, origin, NAN)
             if meet is not None:
                 out.append((origin, _meeting(*meet)))
                 continue
         out.append((origin, poison))
     return out
+
+
+def _own_zero(origin: Node) -> bool:
+    """The origin made its NaN from infinite inputs and an exact zero (0 * -inf)."""
+    if not any(_stat(s) != FINITE for s in origin.ins):
+        return False
+    return _poison(origin, zero_from_frames=False).zero_operand is not None
 
 
 def _meeting(node: Node, zero: int) -> Poison:
@@ -479,7 +493,7 @@ def _meeting(node: Node, zero: int) -> Poison:
         index=idx or None,
         zero_kind=zsrc.kind if zsrc is not None else None,
         zero_op=zsrc.step.op if zsrc is not None else "",
-        zero_text=zsrc.step.text if zsrc is not None else "",
+        zero_text=_zero_text(zsrc),
         zero_value=zsrc.step.value if zsrc is not None else "",
     )
 
@@ -540,12 +554,23 @@ def _at(arr: np.ndarray, idx: tuple, shape: tuple) -> Any:
     return a[idx] if len(idx) == a.ndim else a.flat[0]
 
 
+def _first_nan(node: Node) -> tuple | None:
+    """The first NaN of the node's first output (a poison's output may hold infs before it)."""
+    if not node.outs:
+        return None
+    a = np.asarray(node.outs[0])
+    if a.dtype.kind not in "fc":
+        return None
+    hits = np.argwhere(np.isnan(a))
+    return tuple(int(i) for i in hits[0]) if len(hits) else None
+
+
 def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
     """The indeterminate form at ``node`` (where an inf met a zero), as an event: its operand
     values at the first NaN, and which operand held the zero and where that zero was made."""
     prim = node.prim
     ops = node.operands or []
-    idx = node.first_bad or ()
+    idx = _first_nan(node) or node.first_bad or ()
     out_shape = np.shape(node.outs[0]) if node.outs else ()
     vals: list = []
     for o in ops:
@@ -601,9 +626,18 @@ def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
         index=tuple(idx) if idx else None,
         zero_kind=zsrc.kind if zsrc is not None else None,
         zero_op=zsrc.step.op if zsrc is not None else "",
-        zero_text=zsrc.step.text if zsrc is not None else "",
+        zero_text=_zero_text(zsrc),
         zero_value=zsrc.step.value if zsrc is not None else "",
     )
+
+
+def _zero_text(zsrc: Any) -> str:
+    """The zero's name for its sentence: the input of a mask passed as an argument."""
+    if zsrc is None:
+        return ""
+    if zsrc.kind is ZeroKind.INPUT_MASK and zsrc.birth is not None:
+        return zsrc.birth.text
+    return zsrc.step.text
 
 
 def _is_rule_eqn(node: Node) -> bool:
@@ -749,7 +783,7 @@ def _origin_event(
         and max(origin.status) == NAN
         and any(_stat(s) != FINITE for s in origin.ins)
     ):
-        because, own_poison = Because.CONSTANT_INFS, _poison(origin, zero_from_frames=False)
+        because, own_poison = Because.CONSTANT_INFS, _poison(origin)
     elif entry_id is None:
         because = Because.NOT_IN_CATALOG
     if (
@@ -764,9 +798,14 @@ def _origin_event(
         p = _poison(origin)
         if p.form == "0/0":
             own_poison = p
+    value_form = _value_form(fwd, index)
+    reduced = _reduced(fwd or origin) if _STD_LIBS.intersection((lib or "").split()) else None
     return Origin(
         backend="jax",
         op=primitive,
+        value_form=value_form,
+        reduced=reduced,
+        ddof=float(reduced) if reduced is not None and value_form == "0/0" else None,
         where=where,
         phase="value" if value_phase else "gradient",
         result="nan" if any(h.nan for h in hits) else result,
@@ -799,6 +838,40 @@ def _origin_event(
         mesh_coordinate=coord,
         global_index=global_index,
     )
+
+
+_STD_LIBS = {"jnp.std", "jnp.var", "jnp.nanstd", "jnp.nanvar"}
+
+
+def _reduced(node: Node) -> int | None:
+    """How many elements the std/var that ``node`` belongs to reduced over: the sum of squared
+    deviations nearest it on the way back (at most a few operations back, same library)."""
+    frontier, seen = [node], set()
+    for _ in range(8):
+        nxt = []
+        for n in frontier:
+            if id(n) in seen or n.kind != "eqn":
+                continue
+            seen.add(id(n))
+            if n.prim == "reduce_sum" and n.library == node.library:
+                shape = getattr(n.eqn.invars[0].aval, "shape", ())
+                axes = n.eqn.params.get("axes", ())
+                return int(np.prod([shape[a] for a in axes], dtype=np.int64))
+            nxt += [s[0] for s in n.ins if s is not None]
+        frontier = nxt
+    return None
+
+
+def _value_form(fwd: Node | None, index: tuple | None) -> str:
+    """ "0/0" when the forward division's own value is 0 / 0 at the hit (finite operands)."""
+    if fwd is None or fwd.prim != "div" or not fwd.operands or not fwd.outs or index is None:
+        return ""
+    shape = np.shape(fwd.outs[0])
+    try:
+        a, b = (_at(np.asarray(o), tuple(index), shape) for o in fwd.operands[:2])
+    except (ValueError, IndexError):
+        return ""
+    return "0/0" if a == 0 and b == 0 else ""
 
 
 def _origin_finding(

@@ -10,6 +10,7 @@ names the kind of zero and the line.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -211,6 +212,7 @@ class _Walk:
 
     def __init__(self, is_rule_eqn: Any) -> None:
         self.is_rule_eqn = is_rule_eqn  # node -> bool: a derivative rule's equation
+        self.input: Any = None  # the input node the zero's way ended at
 
     def __call__(self, h: tuple) -> tuple[ZeroStep, tuple | None]:
         src, idx = h
@@ -218,6 +220,7 @@ class _Walk:
             return ZeroStep(B.LITERAL), None
         node, k = src
         if node.kind == "input":
+            self.input = node
             return ZeroStep(B.INPUT, op="input", text=node.label), None
         if node.kind == "const":
             return ZeroStep(B.CONST, op="constant", text=node.label), None
@@ -348,7 +351,13 @@ def zero_source(
     if src is None:
         path = [ZeroStep(B.LITERAL, frame=node.user_frame, op=node.prim, backward=node.backward)]
     else:
-        path = B.follow_zero((src, i), _Walk(is_rule_eqn))
+        walk = _Walk(is_rule_eqn)
+        path = B.follow_zero((src, i), walk)
+        if path and path[-1].role == B.INPUT and walk.input is not None:
+            # an input the other factor was not computed from: a mask passed as an argument
+            others = [s for j, s in enumerate(node.ins) if j != zero and s is not None]
+            if others and not any(_depends(s, walk.input) for s in others):
+                path[-1] = dataclasses.replace(path[-1], independent=True)
         if node.prim in _PRODUCTS:
             # the poison is a product too: the step before the zero's way back
             first = ZeroStep(
@@ -360,6 +369,24 @@ def zero_source(
             )
             path = [first, *path]
     return B.classify_zero(path), path
+
+
+def _depends(src: Any, target: Any, limit: int = 20000) -> bool:
+    """Whether the value ``src`` was computed from the node ``target`` (its dataflow reaches
+    it). A walk cut after ``limit`` nodes answers True: dependent unless shown otherwise."""
+    stack = [src[0]]
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if n is target:
+            return True
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if len(seen) > limit:
+            return True
+        stack.extend(s[0] for s in n.ins if s is not None)
+    return False
 
 
 def underflow_value(node: Any) -> str:

@@ -24,6 +24,7 @@ from . import _rules
 from ._compat import dynamo_loaded, force_eager, in_functorch, recompute_in_backward
 from ._func import Transforms
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
+from ._mode import key as _mode_key
 from ._nodes import NodeHooks
 from ._source import user_frame_object
 
@@ -170,6 +171,81 @@ def _got_value(tag: Tag, hit: _classify.Hit) -> float | None:
         return None
 
 
+# the form of a poison -> how its operation combines its two operands (_report._build.form_text)
+_OP_CLASS = {"0*inf": "mul", "0*nan": "mul", "0/0": "div", "inf/inf": "div", "inf-inf": "sum"}
+
+
+def _op_class(poison: Event) -> str:
+    base = poison.op.split(".")[-1].strip("_")
+    if base.startswith(("div", "truediv", "true_divide")):
+        return "div"
+    if base.startswith("mul"):
+        return "mul"
+    return _OP_CLASS.get(poison.form or "", "")
+
+
+def _zero_name(zsrc: Any, namer: Namer) -> str:
+    """The name of the input a mask passed as an argument is (its parameter or argument)."""
+    birth = getattr(zsrc, "birth", None)
+    if zsrc is None or birth is None or birth.ref is None:
+        return ""
+    return namer.names.get(birth.ref, "")
+
+
+def _first_value(t: torch.Tensor) -> str:
+    """The first non-finite element of ``t`` ("inf", "-inf", "nan")."""
+    with torch.no_grad():
+        bad = t[~torch.isfinite(t)] if t.numel() else t
+        if not bad.numel():
+            return ""
+        v = float(bad.flatten()[0].real) if bad.is_complex() else float(bad.flatten()[0])
+    return "nan" if v != v else "inf" if v > 0 else "-inf"
+
+
+def _overflow(tag: Tag | None, out: torch.Tensor) -> _classify.Hit | None:
+    """float16/bfloat16 overflow (the catalog's ``float16-overflow``): a half-precision
+    output that is inf from finite operands (an origin has no non-finite input) where float32
+    would stay finite (autocast's matmuls, a product of halves)."""
+    if out.dtype not in (torch.float16, torch.bfloat16) or tag is None:
+        return None
+    from .._catalog._overflow import classify_overflow
+
+    operands = [_rules.to_numpy(o) for o in tag.operands if isinstance(o, torch.Tensor)]
+    try:
+        return classify_overflow(tag.op or "", operands, _rules.to_numpy(out), str(out.dtype))
+    except (TypeError, ValueError):
+        return None
+
+
+def _reduction(tag: Tag | None, hit: _classify.Hit | None) -> tuple[int | None, float | None]:
+    """(elements reduced over, correction) of a std/var call that hit the catalog."""
+    if tag is None or hit is None or tag.op not in ("std", "var") or not tag.operands:
+        return None, None
+    x = tag.operands[0]
+    if not isinstance(x, torch.Tensor):
+        return None, None
+    dim = tag.params.get("dim")
+    dims = range(x.ndim) if dim is None else (dim,) if isinstance(dim, int) else dim
+    n = 1
+    for d in dims:
+        n *= int(x.shape[d]) if x.ndim else 1
+    return n, tag.params.get("correction")
+
+
+def _value_form(tag: Tag | None, hit: _classify.Hit | None) -> str:
+    """ "0/0" when a division's own operands are both 0 at the hit (its value is NaN there)."""
+    if tag is None or hit is None or tag.op != "div" or len(tag.operands) < 2:
+        return ""
+    try:
+        vals = [
+            np.broadcast_to(np.asarray(_rules.to_numpy(o)), hit.mask.shape)[hit.first_index]
+            for o in tag.operands[:2]
+        ]
+    except (IndexError, ValueError, TypeError):
+        return ""
+    return "0/0" if all(v == 0 for v in vals) else ""
+
+
 def origin_event(
     root: Event | External,
     poison: Event | External | None,
@@ -207,6 +283,8 @@ def origin_event(
         )
     tag = root.tag
     hit = _hit(tag)
+    if hit is None and isinstance(root, Event) and root.phase == "forward":
+        hit = _overflow(tag, root.out)
     entry_id = hit.entry_id if hit else None
     library = tag.library if tag is not None and tag.library else None
     if entry_id is None and tag is not None:
@@ -223,7 +301,7 @@ def origin_event(
     got: str | None = None
     got_value = None
     if hit is not None and tag is not None:
-        got, count, size, idx = hit.got, hit.count, int(hit.mask.size), hit.first_index
+        got, count, size, idx = hit.got or None, hit.count, int(hit.mask.size), hit.first_index
         got_value = _got_value(tag, hit)
     else:
         count, size, idx = _nonfinite_stats(root.out)
@@ -233,21 +311,29 @@ def origin_event(
     if isinstance(poison, Event) and poison.form:
         p = Poison(
             op=poison.op,
-            where=None,
+            where=poison.tag.frame if poison.form == "inf-inf" and poison.tag else None,
             form=poison.form,
+            op_class=_op_class(poison),
+            operands=poison.values,
             node=poison.node.name() if poison.node is not None else None,
             zero_from=poison.zero_from,
             index=poison.index,
             zero_kind=poison.zero_src.kind if poison.zero_src is not None else None,
+            zero_text=_zero_name(poison.zero_src, namer),
             zero_op=poison.zero_src.step.op if poison.zero_src is not None else "",
             zero_value=poison.zero_src.step.value if poison.zero_src is not None else "",
         )
+    reduced, ddof = _reduction(tag, hit)
     return Origin(
         backend=BACKEND,
         op=primitive,
         where=tag.frame if tag else None,
         phase=phase,
         result=result,
+        reduced=reduced,
+        ddof=ddof,
+        produced=_first_value(root.out),
+        value_form=_value_form(tag, hit),
         entry_id=entry_id,
         backend_op=backend_op,
         got=got,
@@ -350,8 +436,12 @@ def build_report(
             add(producer, "gradient", hit, _result(grad))
     for k in order:
         g = groups[k]
-        if g.poison is None:  # a NaN that met a zero on its way (0 * nan: the where trap)
-            g.poison = tracer.meetings.get(id(g.root))
+        own = g.poison is g.root and isinstance(g.root, Event) and not g.root.form
+        if g.poison is None or own:  # a NaN that met a zero on its way (0 * nan: where trap)
+            g.poison = tracer.meetings.get(id(g.root), g.poison)
+        if g.poison is None and isinstance(g.root, Event) and g.root.form:
+            # born where constant infinities (a -inf mask) met a zero: its own form
+            g.poison = g.root
         ev = origin_event(
             g.root,
             g.poison,
@@ -374,6 +464,8 @@ def _root_key(root: Event | External) -> int:
     """Events of one forward operation (its value and its backward) are one origin."""
     if isinstance(root, Event) and root.tag is not None:
         return id(root.tag)
+    if isinstance(root, External):  # one input, however many records of it were made
+        return hash(("external", _mode_key(root.tensor)))
     return id(root)
 
 

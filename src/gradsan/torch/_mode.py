@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 import weakref
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import torch
 
 from .._blame import Blame
 from .._report import Frame
+from .._userfile import is_user_file
 from . import _compat, _rules
 from ._compat import TorchDispatchMode, TorchFunctionMode
-from ._source import user_frame, user_frame_object
-from ._zero import has_zero, record_backward, record_forward, zero_source
+from ._source import frame_of, user_frame, user_frame_object
+from ._zero import has_zero, record_backward, record_forward, zero_literal, zero_source
 
 Key = tuple
+_FUNCTION_PY = os.path.join("torch", "autograd", "function.py")
 _NO_DEST: Any = object()
 _OVERWRITE = {"copy_", "fill_", "zero_", "resize_", "set_", "normal_", "uniform_", "random_"}
 
@@ -126,6 +131,43 @@ class Event:
     # the NaN is born where two such infinities meet (softmax of a fully masked row)
     intentional: bool = False
     zero_src: Any = None  # what made the zero exact (gradsan._blame.ZeroSource)
+    values: tuple | None = None  # a poison's two operand values at its first NaN
+
+
+def _std_params(args: tuple, kwargs: dict) -> dict:
+    """dim and correction of a torch.std/var call (``std(x, dim, unbiased, keepdim)``,
+    ``std(x, unbiased)``, ``std(x, dim, correction=, keepdim=)``), in the catalog's keys."""
+    a = list(args[1:])
+    dim = kwargs.get("dim")
+    unbiased = kwargs.get("unbiased")
+    keepdim = kwargs.get("keepdim", False)
+    if a and isinstance(a[0], bool):
+        unbiased = a.pop(0)
+    elif a:
+        dim = a.pop(0)
+        if a and isinstance(a[0], bool):
+            unbiased = a.pop(0)
+        if a and isinstance(a[0], bool):
+            keepdim = a.pop(0)
+    correction = kwargs.get("correction")
+    if correction is None:
+        correction = 0 if unbiased is False else 1
+    if isinstance(dim, list):
+        dim = tuple(dim)
+    return {"dim": dim, "correction": float(correction), "keepdims": bool(keepdim)}
+
+
+def _values_at(args: tuple, shape: Any, idx: tuple) -> tuple | None:
+    """The two tensor operands' values at ``idx`` (None unless there are exactly two)."""
+    ops = [a for a in args if isinstance(a, torch.Tensor) and is_float(a)]
+    if len(ops) != 2:
+        return None
+    try:
+        return tuple(
+            torch.broadcast_to(a, shape)[idx].item() if idx else a.flatten()[0].item() for a in ops
+        )
+    except (RuntimeError, ValueError, IndexError):
+        return None
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
@@ -183,6 +225,9 @@ class Tracer:
         self.external_keys: set[Key] = set()  # non-finite tensors that came in from outside
         self.meetings: dict[int, Event] = {}  # origin id -> where its NaN met a zero (0 * nan)
         self.zero_bwd: dict[Key, Any] = {}
+        # custom autograd.Functions: the user's line of each ``apply`` (see _note_apply_site)
+        self.apply_sites: dict[int, tuple[weakref.ref, Frame]] = {}
+        self.apply_sites_by_cls: dict[Any, Frame] = {}
         self._blame_stamp: tuple[int, int] = (-1, -1)
 
     # -- lifetime -----------------------------------------------------------------------------
@@ -244,6 +289,10 @@ class Tracer:
         outs = [t for t in tensors_in(out)]
         if not outs:
             return
+        if not torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args
+        ):  # perhaps inside a custom autograd.Function's forward: where was it applied?
+            self._note_apply_site()
         op = _rules.canonical(name)
         tag: Tag | None = None
         for t in outs:
@@ -278,6 +327,43 @@ class Tracer:
                     tag = self._make_tag(func, name, op, args, kwargs)
                 self._forward_event(name, tag, t, nan, args, kwargs)
 
+    def _note_apply_site(self) -> None:
+        """Inside a custom autograd.Function's forward (its ``apply`` is on the stack): keep
+        the user's line that called ``apply``, by the ctx (which becomes the output's Node)
+        and by the Function class. Dispatch modes do not see ``apply`` itself."""
+        f: FrameType | None = sys._getframe(2)
+        child: FrameType | None = None
+        for _ in range(40):
+            if f is None:
+                return
+            code = f.f_code
+            if code.co_name == "apply" and code.co_filename.endswith(_FUNCTION_PY):
+                break
+            child, f = f, f.f_back
+        else:
+            return
+        if f is None:
+            return
+        cls = f.f_locals.get("cls")
+        caller = f.f_back
+        while caller is not None and not is_user_file(caller.f_code.co_filename):
+            caller = caller.f_back
+        if caller is None or cls is None:
+            return
+        site = frame_of(caller)
+        self.apply_sites_by_cls[cls] = site
+        if child is not None and child.f_code.co_argcount:
+            ctx = child.f_locals.get(child.f_code.co_varnames[0])
+            if ctx is not None and not isinstance(ctx, torch.Tensor):
+                self.apply_sites[id(ctx)] = (weakref.ref(ctx), site)
+
+    def apply_site(self, node: Any, fcls: Any) -> Frame | None:
+        """The user's line that applied the custom Function whose backward Node is ``node``."""
+        got = self.apply_sites.get(id(node))
+        if got is not None and got[0]() is node:
+            return got[1]
+        return self.apply_sites_by_cls.get(fcls)
+
     def _make_tag(self, func: Any, name: str, op: str | None, args: tuple, kwargs: dict) -> Tag:
         operands: tuple = ()
         params: dict = {}
@@ -286,6 +372,8 @@ class Tracer:
             operands = tuple(o.detach() if isinstance(o, torch.Tensor) else o for o in ops)
             if name.endswith("_") and not name.endswith("__"):  # in-place: values are gone
                 operands = ()
+            if op in ("std", "var"):  # the reduced dims and torch's correction (default 1)
+                params = {**params, **_std_params(args, kwargs)}
         mod = weakref.ref(self.module_stack[-1]) if self.module_stack else None
         return Tag(name, op, user_frame(3), None, operands, params, mod, _qualname(func, name))
 
@@ -314,11 +402,11 @@ class Tracer:
                 pass
             op, operands, params = _rules.node_operands(n)
             fcls = getattr(n, "_forward_cls", None)
-            if fcls is not None:  # a custom autograd.Function: named by its class
+            if fcls is not None:  # a custom autograd.Function: named by its class, at apply
                 md["gradsan"] = Tag(
                     f"{fcls.__name__} (custom autograd.Function)",
                     None,
-                    outer.frame,
+                    self.apply_site(n, fcls) or outer.frame,
                     None,
                     (),
                     {},
@@ -486,12 +574,19 @@ class Tracer:
             if v != 0:
                 continue
             zsrc = zero_source(self, key(a), None)
-            if zsrc is None or zsrc.kind.value not in ("where", "slice", "mask", "nan-to-num"):
+            if zsrc is None or zsrc.kind.value not in (
+                "where",
+                "slice",
+                "mask",
+                "input-mask",
+                "nan-to-num",
+            ):
                 continue
             for root, _ in self.origins(nan_in[0]):
                 if isinstance(root, Event) and id(root) not in self.meetings:
                     meet = Event("backward", ev.op, ev.tag, node, ev.out, [], form="0*nan")
                     meet.zero_src, meet.zero_from, meet.index = zsrc, zsrc.frame, idx
+                    meet.values = _values_at(args, ev.out.shape, idx)
                     self.meetings[id(root)] = meet
             return
 
@@ -499,15 +594,26 @@ class Tracer:
         """A forward op that made a NaN from an inf and a zero (``labels * log(p)``): its form
         and what made the zero."""
         base = name.strip("_").removeprefix("r")
-        ops = [a for a in tensors_in(args) if is_float(a)]
-        if len(ops) != 2:
+        # the two operands, a Python number among them (``torch.log(p) * 0.0``)
+        ops = [
+            a
+            for a in args[:2]
+            if (isinstance(a, torch.Tensor) and is_float(a))
+            or (isinstance(a, (int, float)) and not isinstance(a, bool))
+        ]
+        if len(ops) != 2 or not any(isinstance(a, torch.Tensor) for a in ops):
             return
         nan = torch.isnan(ev.out)
         idx = _first_index(nan)
         ev.index = idx
         zero_i = None
         try:
-            vals = [torch.broadcast_to(a, ev.out.shape)[idx].item() for a in ops]
+            vals = [
+                torch.broadcast_to(a, ev.out.shape)[idx].item()
+                if isinstance(a, torch.Tensor)
+                else float(a)
+                for a in ops
+            ]
         except (RuntimeError, ValueError, IndexError):
             return
         if base in ("mul", "multiply", "matmul", "mm", "bmm", "einsum", "dot") or base.startswith(
@@ -515,11 +621,22 @@ class Tracer:
         ):
             ev.form = "0*inf"
             zero_i = next((i for i, v in enumerate(vals) if v == 0), None)
+            if base.startswith("mul") and zero_i is not None:
+                ev.values = tuple(vals)
         elif base.startswith(("div", "truediv", "true_divide")):
             if vals[0] == 0 and vals[1] == 0:
                 ev.form, zero_i = "0/0", 0
-        if zero_i is not None:
-            ev.zero_src = zero_source(self, key(ops[zero_i]), None, ev.tag)
+                ev.values = tuple(vals)
+        elif base.startswith(("add", "sub")) and all(math.isinf(v) for v in vals):
+            ev.form, ev.values = "inf-inf", tuple(vals)
+        if zero_i is not None and not isinstance(ops[zero_i], torch.Tensor):
+            # a Python number of the user's line: a constant of the program
+            ev.zero_src = zero_literal(ev.tag)
+            ev.zero_from = ev.tag.frame if ev.tag is not None else None
+        elif zero_i is not None:
+            zt = ops[zero_i]
+            assert isinstance(zt, torch.Tensor)
+            ev.zero_src = zero_source(self, key(zt), None, ev.tag, other=ops[1 - zero_i])
             if ev.zero_src is not None:
                 ev.zero_from = ev.zero_src.frame
 
@@ -555,11 +672,14 @@ class Tracer:
                 vals.append(None)
         zero_i = None
         num, den = (vals + [None, None])[:2]
+        pair = len(vals) == 2 and num is not None and den is not None
         if base.startswith("div") and num is not None and den is not None:
             if num == 0 and den == 0:
                 ev.form, zero_i = "0/0", 0
+                ev.values = (num, den) if pair else None
             elif math.isinf(num) and math.isinf(den):
                 ev.form = "inf/inf"
+                ev.values = (num, den) if pair else None
             else:
                 ev.form = "0*inf"
                 zero_i = 0 if num == 0 else None
@@ -569,6 +689,8 @@ class Tracer:
                 if v == 0:
                     zero_i = i
                     break
+            if base.startswith("mul") and pair and zero_i is not None:
+                ev.values = (num, den)
         elif any(base.startswith(p) for p in _SUMS):
             ev.form = "inf-inf"
         if zero_i is not None and zero_i < len(ops):
@@ -610,8 +732,16 @@ class _Dataflow:
 
     @staticmethod
     def children(v: Event | External) -> list[Event | External]:
-        # the last input first, as a depth-first walk from the output meets them
-        return [] if isinstance(v, External) else [p for _, p in reversed(v.inputs)]
+        # the last input first, as a depth-first walk from the output meets them; a NaN that
+        # came in (not made here) is followed along its NaN inputs only, like JAX's blame: an
+        # inf it also read (a -inf mask) did not make it
+        if isinstance(v, External):
+            return []
+        ins = [p for _, p in reversed(v.inputs)]
+        if v.nan and not v.nan_new:
+            nan_ins = [p for p in ins if _holds_nan(p)]
+            return nan_ins or ins
+        return ins
 
     @staticmethod
     def is_poison(v: Event | External) -> bool:
@@ -626,6 +756,13 @@ class _Dataflow:
     @staticmethod
     def record(v: Event | External) -> Event | External:
         return v
+
+
+def _holds_nan(p: Event | External) -> bool:
+    if isinstance(p, Event):
+        return p.nan
+    t = p.tensor
+    return is_float(t) and bool(torch.isnan(t).any())
 
 
 def _constant_mask(t: torch.Tensor, producer: Any) -> bool:

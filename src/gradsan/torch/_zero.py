@@ -37,7 +37,16 @@ _DROPS = (
     "TrilBackward",
     "TriuBackward",
 )
-_PRODUCTS = ("MulBackward", "MmBackward", "BmmBackward", "MatmulBackward", "AddmmBackward")
+# Nodes whose backward multiplies the gradient by a forward operand (a quotient's gradient
+# for its denominator reads the numerator): the zero is followed into that operand
+_PRODUCTS = (
+    "MulBackward",
+    "MmBackward",
+    "BmmBackward",
+    "MatmulBackward",
+    "AddmmBackward",
+    "DivBackward",
+)
 _PASS_NODES = (
     "ExpandBackward",
     "ViewBackward",
@@ -127,6 +136,7 @@ _LITERAL: Any = object()  # the zeros an autograd Node writes itself
 class _Walk:
     def __init__(self, tracer: Any) -> None:
         self.tracer = tracer
+        self.leaf: Any = None  # the leaf tensor the zero's way ended at
 
     def __call__(self, k: Any) -> tuple[ZeroStep, Any]:
         tr = self.tracer
@@ -137,7 +147,12 @@ class _Walk:
             rec = tr.zero_fwd.get(k)
         if rec is None:  # a tensor no observed operation made: an input, or a constant (a mask)
             if k in tr.leaf_keys():
-                return ZeroStep(B.INPUT, op="input", text=""), None
+                self.leaf = next(
+                    (v for v in tr.leaves.values() if isinstance(v, torch.Tensor) and _key(v) == k),
+                    None,
+                )
+                ref = id(self.leaf) if self.leaf is not None else None
+                return ZeroStep(B.INPUT, op="input", text="", ref=ref), None
             return ZeroStep(B.CONST, op="constant"), None
         step = dict(frame=_frame(rec), op=rec.op, library=_library(rec), backward=rec.backward)
         nxt = rec.zero_inputs[0] if rec.zero_inputs else None
@@ -152,6 +167,11 @@ class _Walk:
                 return self._birth(rec, step), None
             fwd = nxt not in tr.zero_bwd
             if fwd and not node.startswith(_PRODUCTS) and not node.startswith(_PASS_NODES):
+                frec = tr.zero_fwd.get(nxt)
+                if frec is not None and frec.op in _EXP and not frec.zero_inputs:
+                    # exp's derivative is its value, which underflowed (or is exp(-inf))
+                    fstep = dict(frame=_frame(frec), op=frec.op, library=_library(frec))
+                    return self._birth(frec, fstep), None
                 # a derivative formula that reads a forward value that is 0 (2 * x for x ** 2)
                 return ZeroStep(B.DERIVATIVE, **step), None
             if node.startswith(_PRODUCTS):
@@ -190,13 +210,20 @@ class _Walk:
 
 
 def zero_source(
-    tracer: Any, zero_key: Any, poison_node: Any, forward_tag: Any = None
+    tracer: Any, zero_key: Any, poison_node: Any, forward_tag: Any = None, other: Any = None
 ) -> ZeroSource | None:
     """What made the tensor ``zero_key`` (the poison's zero operand) exactly zero. The poison
-    is a backward aten op in ``poison_node``, or a forward product with ``forward_tag``."""
+    is a backward aten op in ``poison_node``, or a forward product with ``forward_tag`` whose
+    other (non-finite) operand is the tensor ``other``."""
     from ._mode import _tag_of
 
-    path = B.follow_zero(zero_key, _Walk(tracer))
+    walk = _Walk(tracer)
+    path = B.follow_zero(zero_key, walk)
+    if path and path[-1].role == B.INPUT and walk.leaf is not None:
+        # a leaf the non-finite side was not computed from: a mask passed as an argument
+        start = poison_node if poison_node is not None else getattr(other, "grad_fn", None)
+        if (other is not None or poison_node is not None) and not _reaches(start, walk.leaf):
+            path[-1] = dataclasses.replace(path[-1], independent=True)
     if forward_tag is not None:
         first = ZeroStep(B.MUL, frame=forward_tag.frame, op=forward_tag.name)
         path = [first, *path]
@@ -214,6 +241,37 @@ def zero_source(
     return B.classify_zero(path)
 
 
+def _key(t: Any) -> Any:
+    from ._mode import key
+
+    return key(t)
+
+
+def _reaches(node: Any, leaf: Any, limit: int = 20000) -> bool:
+    """Whether the autograd graph from ``node`` reaches the leaf tensor ``leaf`` (the forward
+    value was computed from it). A walk cut after ``limit`` Nodes answers True."""
+    stack = [node] if node is not None else []
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if len(seen) > limit:
+            return True
+        if getattr(n, "variable", None) is leaf:
+            return True
+        stack.extend(m for m, _ in n.next_functions if m is not None)
+    return False
+
+
+def zero_literal(forward_tag: Any) -> ZeroSource | None:
+    """A Python number 0 that a forward product on the user's line multiplies by."""
+    frame = forward_tag.frame if forward_tag is not None else None
+    op = forward_tag.name if forward_tag is not None else ""
+    return B.classify_zero([ZeroStep(B.MUL, frame=frame, op=op), ZeroStep(B.LITERAL, op="literal")])
+
+
 def record_forward(tracer: Any, name: str, tag: Any, args: tuple, kwargs: dict, outs: list) -> None:
     """Keep a ZeroRec for each float output of a torch function that holds an exact zero."""
     from ._mode import is_float, key, nonfinite, tensors_in
@@ -223,8 +281,11 @@ def record_forward(tracer: Any, name: str, tag: Any, args: tuple, kwargs: dict, 
         if not is_float(t) or not has_zero(t):
             continue
         from_bool = any(not is_float(a) for a in ins) and not any(is_float(a) for a in ins)
-        # made from booleans or integers (one-hot labels, a mask): the zero is born here
-        zin = [] if from_bool else [key(a) for a in ins if a is not t and has_zero(a)]
+        # made from booleans or integers (one-hot labels, a mask): the zero is born here; an
+        # exp-like op's zero is never its input's (exp(0) = 1): it underflowed, or exp(-inf)
+        zin = (
+            [] if from_bool or name in _EXP else [key(a) for a in ins if a is not t and has_zero(a)]
+        )
         inf_in = any(is_float(a) and nonfinite(a) is not None for a in ins)
         tracer.zero_fwd[key(t)] = ZeroRec(name, tag, "", zin, from_bool, inf_in, False)
 

@@ -169,6 +169,49 @@ def pow_zero_base(x):
     return jnp.sum(jnp.where(x > 0, y, 0.0))  # Z:pow_zero_base
 
 
+# ---- added in session 13 (marks set from the programs before the first measurement) -----------
+
+LOGIT_MASK = jnp.array([0.0, -jnp.inf, 0.0])
+
+
+@case("entropy_masked_logits", "huggingface/trl#7221", jnp.array([1.0, 2.0, 3.0]))
+def entropy_masked_logits(z):
+    # (marks fixed after the one measurement, which had O on the product's line: jax.grad
+    # returns no value, so the forward 0 * -inf is no output; the gradient's NaN is born in
+    # exp's derivative, d(-p log p)/dp = inf times exp(-inf) = 0, on the exp's own line)
+    logp = jax.nn.log_softmax(z + LOGIT_MASK)
+    p = jnp.exp(logp)  # O:entropy_masked_logits
+    return -jnp.sum(p * logp)
+
+
+@case("entropy_nan_to_num", "huggingface/trl#7252", jnp.array([1.0, 2.0, 3.0]))
+def entropy_nan_to_num(z):
+    logp = jax.nn.log_softmax(z + LOGIT_MASK)
+    terms = jnp.exp(logp) * logp  # O:entropy_nan_to_num
+    return -jnp.sum(jnp.nan_to_num(terms, nan=0.0))  # Z:entropy_nan_to_num
+
+
+DIVISOR = jnp.array([0.0, 1.0])
+
+
+@case("divide_then_slice", "pytorch/pytorch#4132", jnp.array([1.0, 1.0]))
+def divide_then_slice(x):
+    y = x / DIVISOR  # O:divide_then_slice
+    return jnp.sum(y[1:])  # Z:divide_then_slice
+
+
+@case("acos_of_cosine", "pytorch/pytorch#61810", jnp.array([1.0, 0.0]), jnp.array([1.0, 0.0]))
+def acos_of_cosine(a, b):
+    c = jnp.sum(a * b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b))  # Z:acos_of_cosine
+    return jnp.arccos(c)  # O:acos_of_cosine
+
+
+@case("softmax_underflow_entropy", "deeplearning4j/deeplearning4j#785", jnp.array([0.0, -200.0]))
+def softmax_underflow_entropy(z):
+    p = jax.nn.softmax(z)  # Z:softmax_underflow_entropy
+    return -jnp.sum(p * jnp.log(p))  # O:softmax_underflow_entropy
+
+
 # ---- clean controls: finite gradients, no report expected -------------------------------------
 
 
@@ -205,3 +248,9 @@ def clean_pad_mask(probs):
 @case("clean_relu_mlp", "control", jnp.array([[1.0, -1.0], [0.5, 2.0]]), jnp.array([0.3, -0.2]))
 def clean_relu_mlp(w, x):
     return jnp.sum(jax.nn.relu(w @ x) ** 2)
+
+
+@case("clean_log_softmax_entropy", "huggingface/trl#7221", jnp.array([0.0, -200.0]))
+def clean_log_softmax_entropy(z):
+    logp = jax.nn.log_softmax(z)  # exp(-200) underflows to 0, but 0 * -200 is 0
+    return -jnp.sum(jnp.exp(logp) * logp)

@@ -29,11 +29,14 @@ def _marks(path: str) -> dict[str, int]:
 
 
 def _run_jax(fun, args):
+    """explain's blame (gradsan.jax.explain without the verification of its fixes, which the
+    measure does not read and which re-runs every program three times and under jit)."""
     import jax
 
-    import gradsan.jax as gsj
+    from gradsan.jax._explain import diagnose
 
-    return gsj.explain(jax.grad(fun, argnums=tuple(range(len(args)))))(*args)
+    grad = jax.grad(fun, argnums=tuple(range(len(args))))
+    return diagnose(grad, tuple(args), {}, run_outputs=False)  # the outputs are not read
 
 
 def _run_torch(fun, args):
@@ -53,11 +56,14 @@ def measure(backend: str, verbose: bool = False, prefix: str = "") -> dict:
     marks = _marks(mod.__file__)
     run = _run_jax if backend == "jax" else _run_torch
     origin_ok = origin_n = zero_ok = zero_n = clean_reports = clean_n = 0
+    texts = []
     for name, (fun, args, _source) in mod.CASES.items():
         try:
             report = run(fun, args)
         except Exception as e:  # a crash counts as a miss
             report, err = None, e
+        if report is not None:
+            texts.append(str(report))
         if name.startswith("clean_"):
             clean_n += 1
             bad = report is None or not report.ok
@@ -81,7 +87,10 @@ def measure(backend: str, verbose: bool = False, prefix: str = "") -> dict:
             if report is None:
                 print(f"    crashed: {err!r}")
     return dict(
-        origin=(origin_ok, origin_n), zero=(zero_ok, zero_n), clean=(clean_reports, clean_n)
+        origin=(origin_ok, origin_n),
+        zero=(zero_ok, zero_n),
+        clean=(clean_reports, clean_n),
+        texts=texts,
     )
 
 

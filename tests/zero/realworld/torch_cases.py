@@ -132,6 +132,70 @@ def numpy_inf_mask_row_sliced(q):
     return torch.sum(attn[:1])  # Z:numpy_inf_mask_row_sliced
 
 
+# ---- added in session 13 (marks set from the programs before the first measurement) -----------
+
+LOGIT_MASK = torch.tensor([0.0, float("-inf"), 0.0])
+
+
+@case("entropy_masked_logits", "huggingface/trl#7221", [1.0, 2.0, 3.0])
+def entropy_masked_logits(z):
+    logp = F.log_softmax(z + LOGIT_MASK, dim=-1)
+    p = torch.exp(logp)  # Z:entropy_masked_logits
+    return -torch.sum(p * logp)  # O:entropy_masked_logits
+
+
+@case("entropy_nan_to_num", "huggingface/trl#7252", [1.0, 2.0, 3.0])
+def entropy_nan_to_num(z):
+    logp = F.log_softmax(z + LOGIT_MASK, dim=-1)
+    terms = torch.exp(logp) * logp  # O:entropy_nan_to_num
+    return -torch.sum(terms.nan_to_num(nan=0.0))  # Z:entropy_nan_to_num
+
+
+@case("masked_fill_inf_loss", "pytorch/pytorch#23156", [0.5, 0.0, 0.25])
+def masked_fill_inf_loss(p):
+    per = -torch.log(p)  # O:masked_fill_inf_loss
+    per = per.masked_fill(torch.isinf(per), 0.0)  # Z:masked_fill_inf_loss
+    return torch.sum(per)
+
+
+DIVISOR = torch.tensor([0.0, 1.0])
+
+
+@case("divide_then_boolean_index", "pytorch/pytorch#4132", [1.0, 1.0])
+def divide_then_boolean_index(x):
+    y = x / DIVISOR  # O:divide_then_boolean_index
+    return torch.sum(y[DIVISOR != 0])  # Z:divide_then_boolean_index
+
+
+BASE = torch.tensor([0.0, 2.0])
+
+
+@case("clean_pow_zero_base_exponent", "pytorch/pytorch#27134", [1.0, 1.0])
+def clean_pow_zero_base_exponent(b):
+    # (a control since the one measurement: torch's pow backward now returns 0 for d/db 0 ** b,
+    # the fix that issue asked for; JAX's pow_zero_base is the NaN case)
+    return torch.sum(BASE**b)
+
+
+@case("std_by_hand_constant", "pytorch/pytorch#2421", [[2.0, 1.0], [2.0, 3.0]])
+def std_by_hand_constant(x):
+    d = x - x.mean(dim=0)  # Z:std_by_hand_constant
+    s = torch.sqrt((d**2).mean(dim=0))  # O:std_by_hand_constant
+    return torch.sum(d / (s + 1e-5))
+
+
+@case("acos_of_cosine", "pytorch/pytorch#61810", [1.0, 0.0], [1.0, 0.0])
+def acos_of_cosine(a, b):
+    c = torch.sum(a * b) / (a.norm() * b.norm())  # Z:acos_of_cosine
+    return torch.acos(c)  # O:acos_of_cosine
+
+
+@case("softmax_underflow_entropy", "deeplearning4j/deeplearning4j#785", [0.0, -200.0])
+def softmax_underflow_entropy(z):
+    p = torch.softmax(z, dim=-1)  # Z:softmax_underflow_entropy
+    return -torch.sum(p * torch.log(p))  # O:softmax_underflow_entropy
+
+
 # ---- clean controls ----------------------------------------------------------------------------
 
 
@@ -174,3 +238,19 @@ def clean_masked_fill_row_sliced(q):
 @case("clean_relu_mlp", "control", [[1.0, -1.0], [0.5, 2.0]], [0.3, -0.2])
 def clean_relu_mlp(w, x):
     return torch.sum(torch.relu(w @ x) ** 2)
+
+
+@case("clean_cdist_identical", "pytorch/pytorch#37154", [[0.0, 1.0], [0.0, 1.0]])
+def clean_cdist_identical(x):
+    return torch.sum(torch.cdist(x, x))  # cdist's backward returns 0 at a zero distance
+
+
+@case("clean_log_softmax_entropy", "huggingface/trl#7221", [0.0, -200.0])
+def clean_log_softmax_entropy(z):
+    logp = F.log_softmax(z, dim=-1)  # exp(-200) underflows to 0, but 0 * -200 is 0
+    return -torch.sum(torch.exp(logp) * logp)
+
+
+@case("clean_sqrt_relu", "control", [-1.0, 4.0])
+def clean_sqrt_relu(x):
+    return torch.sum(torch.sqrt(torch.relu(x)))  # relu's backward selects: 0, not inf * 0
