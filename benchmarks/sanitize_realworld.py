@@ -284,6 +284,127 @@ def _():
     return gsj.sanitize(jax.grad(_norm))(jnp.zeros(3))
 
 
+# -- added in session 13 (issue 15's named gaps): more public reports and library controls ---
+
+
+def _argmax_pick(x):
+    return x[x.argmax()]  # L:jax-argmax
+
+
+@program("x[x.argmax()] at a tie", "jax", "kink", "jax-ml/jax#13600", "max-tie", "jax-argmax")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_argmax_pick))(jnp.ones(2))
+
+
+def _top_eigvec(m):
+    import jax.numpy as jnp
+
+    return jnp.linalg.eigh(m)[1][0, 2]  # L:jax-eigvec
+
+
+@program("eigenvector of a simple eigenvalue", "jax", "nan", "jax-ml/jax#4646", None, "jax-eigvec")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_top_eigvec))(jnp.diag(jnp.array([1.0, 1.0, 4.0])))
+
+
+@program("nuclear norm, equal singular values", "jax", "clean", "jax-ml/jax#8732")
+def _():
+    jax, jnp, gsj = _jax()
+    f = lambda a: jnp.sum(jnp.linalg.svd(a, compute_uv=False))  # noqa: E731
+    return gsj.sanitize(jax.grad(f))(2.0 * jnp.eye(2))
+
+
+@program("logsumexp by hand, tied max", "jax", "clean", "tensorflow/tensorflow#51681 (max tie)")
+def _():
+    jax, jnp, gsj = _jax()
+
+    def lse(x):
+        m = jnp.max(x)
+        return m + jnp.log(jnp.sum(jnp.exp(x - m)))
+
+    return gsj.sanitize(jax.grad(lse))(jnp.array([1.0, 1.0, 0.0]))
+
+
+@program("celu alpha=1 at 0", "jax", "clean", "jax.nn.celu")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(jax.nn.celu(x))))(jnp.zeros(3))
+
+
+@program("softmax cross-entropy, tied logits", "jax", "clean", "optax.losses.softmax_cross_entropy")
+def _():
+    jax, jnp, gsj = _jax()
+    import optax
+
+    y = jnp.array([[0.0, 1.0, 0.0]])
+    f = lambda z: jnp.sum(optax.losses.softmax_cross_entropy(z, y))  # noqa: E731
+    return gsj.sanitize(jax.grad(f))(jnp.ones((1, 3)))
+
+
+@program("flax RMSNorm zero row", "jax", "clean", "flax.linen.RMSNorm")
+def _():
+    jax, jnp, gsj = _jax()
+    import flax.linen as nn
+
+    ln = nn.RMSNorm()
+    x = jnp.zeros((2, 4)).at[1].set(jnp.arange(4.0))
+    p = ln.init(jax.random.PRNGKey(0), x)
+    return gsj.sanitize(jax.grad(lambda x: jnp.sum(ln.apply(p, x) ** 2)))(x)
+
+
+@program("Huber by masks at delta", "jax", "clean", "marlbenchmark/on-policy#47")
+def _():
+    jax, jnp, gsj = _jax()
+
+    def huber(e, d=1.0):
+        a = (jnp.abs(e) <= d).astype(e.dtype)
+        b = (jnp.abs(e) > d).astype(e.dtype)
+        return jnp.sum(a * e**2 / 2 + b * d * (jnp.abs(e) - d / 2))
+
+    return gsj.sanitize(jax.grad(huber))(jnp.array([1.0, -1.0, 0.5]))
+
+
+def _selu(x):
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.sum(jax.nn.selu(x))  # L:jax-selu
+
+
+@program(
+    "selu at 0",
+    "jax",
+    "kink",
+    "jax.nn.selu (slopes 1.05 and 1.76)",
+    "where-at-boundary",
+    "jax-selu",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_selu))(jnp.zeros(2))
+
+
+def _ranks(x, w):
+    import jax.numpy as jnp
+
+    return jnp.sum(w[jnp.argsort(x)] * x)  # L:jax-argsort
+
+
+@program(
+    "argsort-weighted loss at a tie",
+    "jax",
+    "kink",
+    "elixir-nx/nx#450 (argsort grad)",
+    "sort-tie",
+    "jax-argsort",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_ranks))(jnp.array([1.0, 1.0, 2.0]), jnp.arange(3.0))
+
+
 # ---- PyTorch --------------------------------------------------------------------------------
 
 
@@ -446,6 +567,137 @@ def _():
     torch, _ = _t()
     c = torch.tensor([1.0, 2.0])
     return _tsan(lambda: torch.sqrt((_R([1.0, 2.0]) - c) ** 2).sum())  # L:t-sqrt
+
+
+# -- added in session 13 ----------------------------------------------------------------------
+
+
+@program("Huber by torch.where at delta", "torch", "clean", "bghira/SimpleTuner#1583 (huber)")
+def _():
+    torch, _ = _t()
+
+    def huber(r, d=1.0):
+        return torch.where(r.abs() < d, 0.5 * r**2, d * (r.abs() - 0.5 * d)).sum()
+
+    return _tsan(lambda: huber(_R([1.0, -1.0, 0.3])))
+
+
+@program("Huber by masks at delta", "torch", "clean", "marlbenchmark/on-policy#47")
+def _():
+    torch, _ = _t()
+
+    def huber(e, d=1.0):
+        a = (e.abs() <= d).float()
+        b = (e.abs() > d).float()
+        return (a * e**2 / 2 + b * d * (e.abs() - d / 2)).sum()
+
+    return _tsan(lambda: huber(_R([1.0, -1.0, 0.5])))
+
+
+@program("ELU by torch.where, alpha=1", "torch", "clean", "hand-written ELU")
+def _():
+    torch, _ = _t()
+    return _tsan(lambda: (lambda x: torch.where(x > 0, x, torch.exp(x) - 1).sum())(_R([0.0, 1.0])))
+
+
+@program("logsumexp by hand, tied max", "torch", "clean", "tensorflow/tensorflow#51681 (max tie)")
+def _():
+    torch, _ = _t()
+
+    def lse(x):
+        m = x.max(dim=-1, keepdim=True).values
+        return (m + torch.log(torch.exp(x - m).sum(-1, keepdim=True))).sum()
+
+    return _tsan(lambda: lse(_R([[1.0, 1.0, 0.0]])))
+
+
+@program("max over broadcast copies", "torch", "clean", "rusty1s/pytorch_scatter#399 (max vs amax)")
+def _():
+    torch, _ = _t()
+    return _tsan(lambda: _R([1.0, 2.0]).unsqueeze(0).expand(2, -1).max(0).values.sum())
+
+
+@program("sort of a sum (symmetric)", "torch", "clean", "torch.sort ties, symmetric loss")
+def _():
+    torch, _ = _t()
+    return _tsan(lambda: torch.sort(_R([1.0, 1.0, 2.0])).values.sum())
+
+
+@program("cross_entropy, tied logits", "torch", "clean", "F.cross_entropy")
+def _():
+    torch, _ = _t()
+    import torch.nn.functional as F
+
+    return _tsan(lambda: F.cross_entropy(_R([[1.0, 1.0, 0.0]]), torch.tensor([1])))
+
+
+@program("MultiheadAttention, padded keys", "torch", "clean", "torch.nn.MultiheadAttention")
+def _():
+    torch, _ = _t()
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(4, 1, batch_first=True)
+    x = torch.randn(1, 3, 4, requires_grad=True)
+    pad = torch.tensor([[False, False, True]])
+    return _tsan(lambda: mha(x, x, x, key_padding_mask=pad)[0].sum())
+
+
+@program("smooth_l1 at beta", "torch", "clean", "F.smooth_l1_loss")
+def _():
+    torch, _ = _t()
+    import torch.nn.functional as F
+
+    return _tsan(lambda: F.smooth_l1_loss(_R([1.0, -1.0]), torch.zeros(2), beta=1.0))
+
+
+def _targmax(x):
+    return x[x.argmax()]  # L:t-argmax
+
+
+@program(
+    "x[x.argmax()] at a tie", "torch", "kink", "jax-ml/jax#13600 in torch", "max-tie", "t-argmax"
+)
+def _():
+    return _tsan(lambda: _targmax(_R([1.0, 1.0, 0.0])))
+
+
+def _tleaky(x):
+    import torch
+
+    return torch.where(x > 0, x, 0.01 * x).sum()  # L:t-leaky
+
+
+@program("leaky relu by where at 0", "torch", "kink", "where kink", "where-at-boundary", "t-leaky")
+def _():
+    return _tsan(lambda: _tleaky(_R([0.0, 1.0])))
+
+
+def _tmaxdiff(x):
+    import torch
+
+    return torch.maximum(x, x**2).sum()  # L:t-maxdiff
+
+
+@program(
+    "max of two functions at a tie",
+    "torch",
+    "kink",
+    "pytorch/pytorch#56734",
+    "max-tie",
+    "t-maxdiff",
+)
+def _():
+    return _tsan(lambda: _tmaxdiff(_R([1.0])))
+
+
+def _tsqrtnorm(x):
+    import torch
+
+    return torch.sqrt((x**2).sum())  # L:t-sqrtnorm
+
+
+@program("norm by sqrt at 0", "torch", "nan", "norm of a zero update, by hand", None, "t-sqrtnorm")
+def _():
+    return _tsan(lambda: _tsqrtnorm(_R([0.0, 0.0])))
 
 
 # ---- the run --------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._sanitize import Kink
 
 _EPS = 64 * float(np.finfo(np.float32).eps)
+SUB = "substitute"  # a probe item that replaces an integer output (an index, a cast) instead
 CANCEL = 1e-4  # |L(d+) + L(d-)| below this share of |L(d+)| + |L(d-)|: cancelled to rounding
 
 
@@ -74,7 +75,7 @@ def _f(x: Any) -> np.ndarray:
     return np.asarray(x, np.float64)
 
 
-def _clean(delta: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _clean(delta: np.ndarray, a: Any, b: Any) -> np.ndarray:
     """``delta`` with the elements that are rounding of ``a - b`` set to 0."""
     a, b = np.broadcast_arrays(_f(a), _f(b))
     d = np.broadcast_to(_f(delta), a.shape).copy()
@@ -130,8 +131,17 @@ def one_sided(k: Kink, tans: list[np.ndarray], sel_tans: list | None) -> list | 
     t = [_f(x) for x in tans]
     if op == "where":
         return _where(k, t, sel_tans)
-    if op in ("argmax", "argmin", "trunc", "eigh", "svd", "atan2"):
-        return None
+    if op in ("argmax", "argmin"):
+        return _argext(k, t)
+    if op == "trunc":  # a float -> int cast at an integer: the one-sided cast replaces it
+        res = _jump(k, t)
+        return None if res is None else [(j, _f(v), SUB) for j, v, _ in res]
+    if op == "atan2":
+        return _atan2(k, t)
+    if op == "eigh":
+        return _eigh(k, t)
+    if op == "svd":
+        return _svd(k, t)
     if k.eqn.primitive.name in ("pjit", "jit"):  # a library call: clamp, hypot
         return _library(k, t)
     if op in ("floor", "ceil", "round", "sign"):
@@ -216,12 +226,12 @@ def _sort(k: Kink, t: list[np.ndarray], ad: list) -> list | None:
         iota = np.broadcast_to(np.arange(x.shape[-1]), x.shape)
         order = np.lexsort((iota, -tx, -x), axis=-1)[..., :kk]
         base = np.lexsort((iota, -x), axis=-1)[..., :kk]
-        if np.any(order != base) and ad[1] is None and len(eqn.outvars) > 1:
-            if not _dropped(eqn.outvars[1]):
-                return None  # the indices change: an integer output, not decided here
         os = np.moveaxis(np.take_along_axis(tx, order, -1), -1, axis)
         d = _clean(os - ad[0], os, ad[0])
-        return [(0, d)]
+        res: list = [(0, d)]
+        if np.any(order != base) and len(eqn.outvars) > 1 and not _dropped(eqn.outvars[1]):
+            res.append((1, np.moveaxis(order, -1, axis).astype(np.int64), SUB))  # the indices
+        return res
     if int(eqn.params.get("num_keys", 1)) != 1:
         return None
     axis = eqn.params.get("dimension", -1) % x0.ndim
@@ -230,11 +240,13 @@ def _sort(k: Kink, t: list[np.ndarray], ad: list) -> list | None:
     iota = np.broadcast_to(np.arange(x.shape[-1]), x.shape)
     order = np.lexsort((iota, tx, x), axis=-1)
     base = np.lexsort((iota, x), axis=-1)
-    out = []
+    out: list = []
     for j, (tj, adj) in enumerate(zip(t, ad)):
         if adj is None:
             if np.any(order != base) and not _dropped(eqn.outvars[j]):
-                return None
+                xj = np.moveaxis(np.broadcast_to(k.operands[j], x0.shape), axis, -1)
+                alt = np.moveaxis(np.take_along_axis(xj, order, -1), -1, axis)
+                out.append((j, alt, SUB))  # argsort: the permuted integer operand
             continue
         tm = np.moveaxis(tj, axis, -1)
         os = np.moveaxis(np.take_along_axis(tm, order, -1), -1, axis)
@@ -248,7 +260,8 @@ def _dropped(v: Any) -> bool:
 
 def _jump(k: Kink, t: list[np.ndarray]) -> list | None:
     """floor, ceil, round, sign at a jump: the one-sided value minus JAX's (the tangent is 0
-    on both sides). Where the direction does not move the operand, both sides are tried."""
+    on both sides). Where the direction does not move the operand, both sides are tried. (For
+    a float -> int cast the caller substitutes the one-sided value: ``base + delta``.)"""
     x = k.operands[0]
     if not is_float(x):
         return None
@@ -260,8 +273,171 @@ def _jump(k: Kink, t: list[np.ndarray]) -> list | None:
     for s in (np.sign(tx),) if np.all(tx[mask] != 0) else (np.ones_like(tx), -np.ones_like(tx)):
         nudge = x + (s * 4 * eps * np.maximum(np.abs(x), 1)).astype(x.dtype)
         v = _f(_bind(k.eqn, [jnp.asarray(nudge)])[0])
-        out.append((0, np.where(mask, v - base, 0.0), True))
+        if k.op == "trunc":
+            alt = np.where(mask, v, base)
+            if not np.array_equal(alt, base):
+                out.append((0, alt, True))
+        else:
+            out.append((0, np.where(mask, v - base, 0.0), True))
     return out
+
+
+def _argext(k: Kink, t: list[np.ndarray]) -> list | None:
+    """argmax / argmin at a tie: along the direction the tied entry whose tangent is largest
+    (smallest) wins (the first of equal ones, as JAX's); that index is substituted."""
+    x = k.operands[0]
+    axes = tuple(a % x.ndim for a in k.eqn.params.get("axes", ()))
+    if len(axes) != 1 or not is_float(x):
+        return None
+    ax = axes[0]
+    use_min = k.op == "argmin"
+    ext = (np.min if use_min else np.max)(x, axis=ax, keepdims=True)
+    tied = x == ext
+    tx = np.broadcast_to(t[0], x.shape)
+    if use_min:
+        alt = np.argmin(np.where(tied, tx, np.inf), axis=ax)
+    else:
+        alt = np.argmax(np.where(tied, tx, -np.inf), axis=ax)
+    base = np.argmax(tied, axis=ax)  # JAX's: the first tied entry
+    if np.array_equal(alt, base):
+        return []  # the tied entries move alike: the same choice
+    return [(0, alt.astype(np.int64), SUB)]
+
+
+def _atan2(k: Kink, t: list[np.ndarray]) -> list | None:
+    """atan2 at the origin: along a ray the angle is constant, atan2(t_y, t_x); the one-sided
+    value minus JAX's is a jump, and the tangent along the ray (0) minus JAX's a kink."""
+    y, x = k.operands[:2]
+    mask = np.asarray(k.mask, bool)
+    ty, tx = np.broadcast_arrays(t[0], t[1])
+    shape = np.shape(mask)
+    ty, tx = np.broadcast_to(ty, shape), np.broadcast_to(tx, shape)
+    moved = (ty != 0) | (tx != 0)
+    base = np.broadcast_to(_f(_bind(k.eqn, [jnp.asarray(v) for v in k.invals or [y, x]])[0]), shape)
+    side = np.arctan2(ty, tx)
+    dv = np.where(mask & moved, side - base, 0.0)
+    ad = _ad(k, list(t))
+    res: list = [(0, _clean(dv, side, base), True)]
+    if ad[0] is not None:
+        adt = np.broadcast_to(ad[0], shape)
+        res.append((0, np.where(mask & np.isfinite(adt), -adt, 0.0)))
+    return res
+
+
+def _clusters(w: np.ndarray, tol: float) -> list[list[int]]:
+    """Runs of (sorted) values within ``tol`` of their neighbour, of length > 1."""
+    order = np.argsort(w)
+    out: list[list[int]] = []
+    cur = [int(order[0])]
+    for a, b in zip(order[:-1], order[1:]):
+        if abs(float(w[b]) - float(w[a])) <= tol:
+            cur.append(int(b))
+        else:
+            if len(cur) > 1:
+                out.append(cur)
+            cur = [int(b)]
+    if len(cur) > 1:
+        out.append(cur)
+    return out
+
+
+def _rotation(n: int, seed: int) -> np.ndarray:
+    """A random rotation of n dimensions (fixed seed)."""
+    q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, n)))
+    return q * np.sign(np.diag(r))
+
+
+def _times(rot: np.ndarray, left: bool = False) -> Callable[[Any], Any]:
+    """``v -> v @ rot`` (``rot^T @ v`` for ``left``): the other basis of a degenerate
+    eigenspace, applied to the traced output so its tangent turns with it."""
+    r = jnp.asarray(rot)
+
+    def f(v: Any) -> Any:
+        rr = r.astype(v.dtype)
+        return jnp.swapaxes(rr, -1, -2) @ v if left else v @ rr
+
+    return f
+
+
+def _eigh(k: Kink, t: list[np.ndarray]) -> list | None:
+    """eigh at a repeated eigenvalue. The eigenvalues of a cluster ``S`` move along ``dA`` as
+    the sorted eigenvalues of ``V_S^T dA V_S`` (JAX's rule: its diagonal); the eigenvectors of
+    ``S`` are any rotation of ``V_S``: an infinitesimal one, ``V_S A`` (A antisymmetric), is
+    their probe (no effect on the output: the output does not depend on the choice)."""
+    a = _f(k.operands[0])
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2] or len(k.eqn.outvars) != 2:
+        return None
+    outs = _bind(k.eqn, [jnp.asarray(v) for v in (k.invals or [a])])
+    v, w = _f(outs[0]), _f(outs[1])
+    ad = _ad(k, list(t))
+    if ad[1] is None:
+        return None
+    ta = np.broadcast_to(t[0], a.shape)
+    ta = 0.5 * (ta + np.swapaxes(ta, -1, -2))
+    n = a.shape[-1]
+    dw = np.zeros(w.shape)
+    rot = np.broadcast_to(np.eye(n), a.shape).copy()
+    for b in np.ndindex(*a.shape[:-2]):
+        wb, vb = w[b], v[b]
+        tol = 16 * n * float(np.finfo(np.float32).eps) * max(float(np.max(np.abs(wb))), 1e-30)
+        for c in _clusters(wb, tol):
+            srt = np.sort(np.asarray(c))
+            vs = vb[:, srt]
+            p = vs.T @ ta[b] @ vs
+            dw[b + (srt,)] = np.linalg.eigvalsh(p) - _f(ad[1])[b + (srt,)]
+            rot[b + np.ix_(srt, srt)] = _rotation(len(c), 15 + len(c))
+    res: list = [(1, _clean(dw, dw, 0.0))]
+    if not _dropped(k.eqn.outvars[0]):
+        res.append((0, _times(rot), SUB))
+    return res
+
+
+def _svd(k: Kink, t: list[np.ndarray]) -> list | None:
+    """svd at a repeated non-zero singular value: the cluster moves along ``dA`` as the sorted
+    (descending) eigenvalues of sym(``U_S^T dA V_S``) (JAX's rule: its diagonal); the singular
+    vectors by a rotation, probed on ``U`` and on ``V^T`` each. A repeated zero singular value
+    is not decided here (the finding stays)."""
+    a = _f(k.operands[0])
+    if a.ndim < 2:
+        return None
+    outs = _bind(k.eqn, [jnp.asarray(x) for x in (k.invals or [a])])
+    s = _f(outs[0])
+    uv = len(outs) >= 3 and bool(k.eqn.params.get("compute_uv", True))
+    if uv:
+        u, vt = _f(outs[1]), _f(outs[2])
+    else:
+        full = np.linalg.svd(a, full_matrices=False)
+        u, vt = full[0], full[2]
+    ad = _ad(k, list(t))
+    if ad[0] is None:
+        return None
+    ta = np.broadcast_to(t[0], a.shape)
+    n = s.shape[-1]
+    ds = np.zeros(s.shape)
+    k_ = s.shape[-1]
+    rot = np.broadcast_to(np.eye(k_), s.shape[:-1] + (k_, k_)).copy()
+    for b in np.ndindex(*a.shape[:-2]):
+        sb = s[b]
+        tol = 16 * n * float(np.finfo(np.float32).eps) * max(float(np.max(np.abs(sb))), 1e-30)
+        for c in _clusters(sb, tol):
+            if float(np.min(np.abs(sb[c]))) <= tol:
+                return None  # a repeated zero singular value
+            srt = np.sort(np.asarray(c))
+            us, vs = u[b][:, srt], vt[b][srt, :].T
+            p = us.T @ ta[b] @ vs
+            ds[b + (srt,)] = (
+                np.sort(np.linalg.eigvalsh(0.5 * (p + p.T)))[::-1] - _f(ad[0])[b + (srt,)]
+            )
+            rot[b + np.ix_(srt, srt)] = _rotation(len(c), 15 + len(c))
+    res: list = [(0, _clean(ds, ds, 0.0))]
+    if uv:  # U -> U R and V^T -> R^T V^T on the cluster's columns (rows)
+        ku, kv = u.shape[-1], vt.shape[-2]
+        ru = np.broadcast_to(np.eye(ku), u.shape[:-2] + (ku, ku)).copy()
+        rv = np.broadcast_to(np.eye(kv), vt.shape[:-2] + (kv, kv)).copy()
+        ru[..., :k_, :k_] = rot
+        rv[..., :k_, :k_] = rot
+        res += [(1, _times(ru), SUB), (2, _times(rv, left=True), SUB)]
+    return res
 
 
 def _library(k: Kink, t: list[np.ndarray]) -> list | None:

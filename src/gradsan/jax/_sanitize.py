@@ -484,11 +484,19 @@ class Injector(DependenceEval):
     sidecar is the set of candidates (``marks``: key -> candidate ids) whose evaluation reaches
     the value along a path a gradient can take (stop_gradient cuts it)."""
 
-    def __init__(self, table: dict, eps: Any, marks: dict | None = None) -> None:
+    def __init__(
+        self, table: dict, eps: Any, marks: dict | None = None, replace: dict | None = None
+    ) -> None:
         super().__init__()
         self.table = table
         self.eps = eps
         self.marks = marks or {}
+        self.replace = replace or {}  # key -> [(output, value)]: an index or cast substituted
+
+    def _replaced(self, outs: list, key: tuple) -> list:
+        for i, v in self.replace.get(key, ()):
+            outs[i] = v(outs[i]) if callable(v) else jnp.asarray(v, outs[i].dtype)
+        return outs
 
     def literal_side(self, value: Any) -> Any:
         return frozenset()
@@ -514,7 +522,7 @@ class Injector(DependenceEval):
             sides: list[frozenset] = [frozenset()] * len(outs)
         else:
             sides = [frozenset().union(*insides)] * len(outs)
-        outs = _depends.inject(list(outs), key, self.table, self.eps)
+        outs = _depends.inject(self._replaced(list(outs), key), key, self.table, self.eps)
         return outs, self._mark(key, sides)
 
     def call(
@@ -539,7 +547,7 @@ class Injector(DependenceEval):
                 insides,
                 self.call_scope(eqn, jaxpr, invals, insides, scope, key),
             )
-        outs = _depends.inject(list(outs), key, self.table, self.eps)
+        outs = _depends.inject(self._replaced(list(outs), key), key, self.table, self.eps)
         return outs, self._mark(key, list(sides))
 
 
@@ -675,6 +683,7 @@ def depending_kinks(
     dirs = random_directions(flat_args, owner, nums, directions)
     per_dir = kink_tangents(closed, flat_args, want, dirs)
     probes: list[_depends.Probe] = []
+    subs: dict[tuple[int, int], list] = {}  # (candidate, combo) -> [(key, output, value)]
     undecided: set[int] = set()
     for c, (kind, obj, _) in enumerate(units):
         for j, taps in enumerate(per_dir):
@@ -708,6 +717,9 @@ def depending_kinks(
                     undecided.add(c)
                     continue
                 for item in res:
+                    if len(item) > 2 and item[2] == _depends.SUB:
+                        subs.setdefault((c, combo), []).append((key, item[0], item[1]))
+                        continue
                     out_i, delta = item[0], np.asarray(item[1], np.float64)
                     jump = len(item) > 2 and bool(item[2])
                     probes.append(_depends.Probe(c, combo, key, out_i, delta, jump))
@@ -717,6 +729,9 @@ def depending_kinks(
     marks: dict[tuple, frozenset] = {}
     for p in probes:
         marks[p.key] = marks.get(p.key, frozenset()) | {p.cand}
+    for (c, _), items in subs.items():
+        for key, _, _ in items:
+            marks[key] = marks.get(key, frozenset()) | {c}
     reach: list[frozenset] = []
 
     def run(table: dict, eps: Any) -> Any:
@@ -749,6 +764,17 @@ def depending_kinks(
             )
             for c in back:
                 verdicts[c] = _depends.Verdict(True, "one-sided derivative differs")
+    if subs:
+        if not reach:  # the paths a gradient takes, from one plain pass
+            run({}, jnp.zeros((0,), jnp.float32))
+        moved = substituted(closed, flat_args, dirs, subs, marks, reach[0] if reach else None)
+        for c in {c for c, _ in subs} - undecided:
+            if c in moved:
+                verdicts[c] = _depends.Verdict(True)
+            elif verdicts[c].reason == "same function" and not any(
+                p.cand == c and np.any(p.delta != 0) for p in allp
+            ):
+                verdicts[c] = _depends.Verdict(False, "no effect on the output")
     keep: list[Kink] = []
     counts: dict[str, int] = {}
     for (_, _, ks), v in zip(units, verdicts):
@@ -757,6 +783,60 @@ def depending_kinks(
         else:
             counts[v.reason] = counts.get(v.reason, 0) + 1
     return keep, counts
+
+
+def substituted(
+    closed: Any, flat_args: list, dirs: list[list], subs: dict, marks: dict, reach: Any
+) -> set[int]:
+    """The candidates whose integer output (an argmax, a tied sort's indices, a float -> int
+    cast at a jump), replaced by its one-sided value, changes the outputs' tangent along that
+    direction, or their value along a path a gradient takes."""
+    sides: list[frozenset] = [frozenset()] * len(flat_args)
+
+    def along(j: int, sign: float, replace: dict) -> tuple[np.ndarray, np.ndarray]:
+        idx = [i for i, t in enumerate(dirs[j]) if t is not None]
+
+        def f(*dyn: Any) -> Any:
+            full = list(flat_args)
+            for i, d in zip(idx, dyn):
+                full[i] = d
+            outs, _ = Injector({}, None, marks, replace).run_closed(closed, full, sides)
+            flat = [jnp.ravel(o).astype(jnp.float32) for o in outs if is_float(o)]
+            return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
+
+        prim = [flat_args[i] for i in idx]
+        tans = [sign * jnp.asarray(dirs[j][i]) for i in idx]
+        v, t = jax.jvp(f, prim, tans)
+        return np.asarray(v, np.float64), np.asarray(t, np.float64)
+
+    base: dict[tuple[int, float], tuple] = {}
+    moved: set[int] = set()
+    for (c, combo), items in subs.items():
+        if c in moved:
+            continue
+        j, sign = combo // 2, (1.0 if combo % 2 == 0 else -1.0)
+        if (j, sign) not in base:
+            base[(j, sign)] = along(j, sign, {})
+        v0, t0 = base[(j, sign)]
+        replace: dict = {}
+        for key, out_i, val in items:
+            replace.setdefault(key, []).append((out_i, val))
+        try:
+            v1, t1 = along(j, sign, replace)
+        except Exception:  # a substitute the program cannot take: the finding stays
+            moved.add(c)
+            continue
+        scale = float(np.max(np.abs(t0))) if t0.size else 0.0
+        dt = float(np.max(np.abs(t1 - t0))) if t0.size else 0.0
+        dv = float(np.max(np.abs(v1 - v0))) if v0.size else 0.0
+        vscale = float(np.max(np.abs(v0))) if v0.size else 0.0
+        if reach is not None and c not in reach:
+            continue  # no gradient path to an output (stop_gradient: a straight-through cast)
+        if not np.isfinite(dt) or dt > 1e3 * _depends._EPS * max(scale, 1e-30):
+            moved.add(c)
+        elif dv > 1e3 * _depends._EPS * max(vscale, 1.0):
+            moved.add(c)
+    return moved
 
 
 # -- the transformation ---------------------------------------------------------------------

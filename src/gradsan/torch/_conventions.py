@@ -13,6 +13,7 @@ set, as JAX's is.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any
 
@@ -184,7 +185,7 @@ def _grad_at(fn: Any, x: torch.Tensor, mask: np.ndarray) -> np.ndarray | None:
             j = 0
             if out.dim() > 0 and len(idx) and m.shape == tuple(out.shape):
                 j = int(np.ravel_multi_index(tuple(idx[0]), m.shape))
-            (g,) = torch.autograd.grad(flat[j], t, allow_unused=True)
+            (g,) = inspect.unwrap(torch.autograd.grad)(flat[j], t, allow_unused=True)
         return None if g is None else _np(g).astype(np.float64)
     except (RuntimeError, TypeError, ValueError):
         return None

@@ -3,17 +3,20 @@ through, with the convention PyTorch chose there (and a flag when it is not admi
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import torch
 
 from .. import _catalog
 from .._catalog import _classify
-from .._catalog._types import CONVENTION_KINDS
+from .._catalog._types import CONVENTION_KINDS, Admissible
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
-from . import _conventions, _rules
-from ._explain import BACKEND, Namer, _scope, explain
+from . import _conventions, _depends, _rules
+from ._explain import BACKEND, Namer, _EagerTracer, _scope, explain
 from ._mode import Tag, Tracer
 
 
@@ -113,33 +116,188 @@ _KINKISH = {
 _WHERE = _catalog.by_op("where")[0].id
 
 
+# the kink ops whose dependence is checked (torch/_depends.py); the rest (atan2, det, argmax,
+# the library conventions) are reported as the convention they are
+_CHECKED_OPS = frozenset(
+    {"abs", "relu", "max", "min", "reduce_max", "reduce_min", "clamp", "sort", "top_k"}
+    | {"floor", "ceil", "round", "select_n"}
+)
+
+
+def _scalar_grads(fn: Any, values: list[float]) -> list[float] | None:
+    """PyTorch's partial derivatives of ``fn`` at scalar ``values`` (float64)."""
+    try:
+        with torch.enable_grad():
+            ts = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in values]
+            gs = _depends.unwrapped_grad(fn(*ts), ts, allow_unused=True)
+        return [0.0 if g is None else float(g) for g in gs]
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _with_value(ev: Kink, op: str | None, name: str, operands: list, kwargs: dict) -> Kink:
+    """The kink with PyTorch's derivative at its first hit and whether it lies in the entry's
+    admissible set (abs, relu, maximum/minimum, clamp, and max/min/amax/amin reductions)."""
+    if op in ("reduce_max", "reduce_min"):
+        if name in ("max", "min", "amax", "amin"):
+            return _reduce_value(ev, name, operands, kwargs)
+        return ev
+    idx = ev.index or ()
+    try:
+        vals = [
+            None if o is None else float(np.broadcast_to(_rules.to_numpy(o), _shape(operands))[idx])
+            for o in operands
+        ]
+    except (TypeError, ValueError, IndexError):
+        return ev
+    g: list[float] | None = None
+    adm = _catalog.get(ev.entry_id).admissible
+    if op in ("abs", "relu") and vals and vals[0] is not None:
+        g = _scalar_grads(torch.abs if op == "abs" else torch.relu, [vals[0]])
+    elif op in ("max", "min") and len(vals) >= 2 and None not in vals[:2]:
+        g = _scalar_grads(torch.maximum if op == "max" else torch.minimum, vals[:2])  # type: ignore[arg-type]
+    elif op == "clamp" and len(vals) == 3:
+        lo, x, hi = vals
+        g = _scalar_grads(lambda t: torch.clamp(t, lo, hi), [x])  # type: ignore[list-item]
+    if g is None or adm is None:
+        return ev
+    value = _conventions._fmt(g if len(g) > 1 else g[0])
+    return dataclasses.replace(
+        ev, admissible=adm.contains(g, tol=1e-9), facts={**dict(ev.facts), "value": value}
+    )
+
+
+def _shape(operands: list) -> tuple:
+    shapes = [np.shape(_rules.to_numpy(o)) for o in operands if o is not None]
+    return tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+
+
+def _reduce_value(ev: Kink, name: str, operands: list, kwargs: dict) -> Kink:
+    """A tied max/min over a dimension: PyTorch's gradient over the first tied row, against
+    the convex combinations of the tied entries."""
+    x = operands[0] if operands else None
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.dim() == 0:
+        return ev
+    dim = kwargs.get("dim", operands[1] if len(operands) > 1 else None)
+    if dim is None:
+        row = x.detach().reshape(-1)
+    elif isinstance(dim, int):
+        moved = x.detach().movedim(dim, -1)
+        flat = moved.reshape(-1, moved.shape[-1])
+        idx = ev.index or ()
+        try:
+            j = int(np.ravel_multi_index(idx, moved.shape[:-1])) if idx else 0
+        except ValueError:
+            j = 0
+        row = flat[j]
+    else:
+        return ev
+    fn = getattr(torch, name)
+    by_dim = dim is not None and name in ("max", "min")  # (values, indices): the values
+
+    def red(*ts: torch.Tensor) -> torch.Tensor:
+        v = torch.stack(ts)
+        return fn(v, 0).values if by_dim else fn(v)
+
+    g = _scalar_grads(red, [float(v) for v in row])
+    if g is None:
+        return ev
+    r = row.double().numpy()
+    ext = r.max() if name in ("max", "amax") else r.min()
+    tied = tuple(int(i) for i in np.flatnonzero(r == ext))
+    words = _catalog.get(ev.entry_id).admissible
+    adm = Admissible.simplex(tied, words.words if words else "").contains(g, tol=1e-9)
+    return dataclasses.replace(
+        ev, admissible=adm, facts={**dict(ev.facts), "value": _conventions._fmt(g)}
+    )
+
+
+class _KinkTracer(_EagerTracer):
+    """The tracer, reading each kink while the graph that led to it is alive: the kink event
+    (catalog masks) and whether the gradient depends on it (:mod:`gradsan.torch._depends`)."""
+
+    def __init__(self, *, kinks: bool = True) -> None:
+        super().__init__(kinks=kinks)
+        self.checker = _depends.Checker()
+        self.recorded: list[tuple[Tag, Kink, _depends.Check | None]] = []
+
+    higher_order = False  # a backward with create_graph=True ran (a gradient penalty)
+
+    def run_backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        pos = 4 if getattr(func, "__name__", "") == "grad" else 3  # autograd.grad / backward
+        if kwargs.get("create_graph") or (len(args) > pos and args[pos] is True):
+            self.higher_order = True
+        return super().run_backward(func, args, kwargs)
+
+    def on_function(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        n = len(self.kink_hits)
+        super().on_function(func, name, args, kwargs, out)
+        if name in _rules.COMPARISONS:
+            self.checker.note_comparison(name, args, kwargs, out)
+        if len(self.kink_hits) <= n:
+            return
+        tag, nm, (operands, params) = self.kink_hits.pop()
+        outs = out if isinstance(out, tuple) else (out,)
+        first = outs[0] if outs else None
+        if isinstance(first, torch.Tensor) and first.dtype.is_floating_point:
+            if not first.requires_grad:
+                return  # no gradient flows out of it (no_grad, detached inputs)
+        ev = kink_event(self, tag, nm, list(operands), dict(params), {})
+        if ev is None:
+            return
+        if ev.library is None and ev.admissible is None:
+            ev = _with_value(ev, tag.op, nm, list(operands), kwargs)
+        check = None
+        if ev.library is None and tag.op in _CHECKED_OPS:
+            check = self.checker.check(self, nm, tag.op, args, kwargs, out)
+            if check is None:
+                return
+        self.recorded.append((tag, ev, check))
+
+
 class sanitize(explain):
     """Like :func:`gradsan.torch.explain`, and also report every kink the computation sat on
     (kind ``"kink"``: abs/relu at 0, max/min/sort/topk ties, clamp at a bound, floor/round at a
     jump, ``torch.where`` on its boundary) and every PyTorch convention outside the admissible
     set (kind ``"convention"``: atan2's ``[0, 0]`` at the origin, det's gradient at a singular
-    matrix). If it reports nothing, plain autograd returned the true derivative.
+    matrix). A kink is reported only when the gradient depends on it
+    (:mod:`gradsan.torch._depends`): a ``torch.where`` whose branches meet C^1 at its boundary,
+    a tie of the same function or one symmetric downstream, and a kink no gradient reached are
+    counted in a note instead. If it reports nothing, plain autograd returned the true
+    derivative.
     Same two forms: ``with gradsan.torch.sanitize() as report:`` or ``sanitize(fn)(*args)``.
     """
 
     kinks = True
 
+    def __enter__(self) -> Any:
+        self.tracer = _KinkTracer(kinks=True)
+        self.tracer.__enter__()
+        return self.report
+
     def finish(self, tracer: Tracer) -> None:
         super().finish(tracer)
         paths = Namer().module_paths(list(self.modules) + tracer.roots)
-        seen: set[tuple] = set()
-        for tag, name, (operands, params) in tracer.kink_hits:
-            ev = kink_event(tracer, tag, name, list(operands), dict(params), paths)
-            if ev is None:
+        recorded = tracer.recorded if isinstance(tracer, _KinkTracer) else []
+        ran = tracer.backward_calls > 0
+        unchecked = isinstance(tracer, _KinkTracer) and tracer.higher_order
+        places: dict[tuple, list[tuple[Tag, Kink, bool, str]]] = {}
+        for tag, ev, check in recorded:
+            dep, why = (True, "") if check is None or unchecked else check.verdict(ran)
+            w = ev.where
+            k = (ev.entry_id, w.file if w else None, w.line if w else None, w.column if w else None)
+            places.setdefault(k, []).append((tag, ev, dep, why))
+        counts: dict[str, int] = {}
+        for evals in places.values():
+            kept = [(tag, ev) for tag, ev, dep, _ in evals if dep]
+            if not kept:
+                why = evals[0][3]
+                counts[why] = counts.get(why, 0) + 1
                 continue
-            f = build(ev)
-            k = (
-                f.catalog_id,
-                f.where.file if f.where else None,
-                f.where.line if f.where else None,
-                f.where.column if f.where else None,
-            )
-            if k in seen:
-                continue
-            seen.add(k)
-            self.report.findings.append(f)
+            tag, ev = kept[0]
+            self.report.findings.append(build(dataclasses.replace(ev, scope=_scope(tag, paths))))
+        text = _depends.note(counts)
+        if text:
+            self.report.notes.append(text)
+        if unchecked and recorded:
+            self.report.notes.append(_depends.UNCHECKED_NOTE.format(fn=self.report.function))
