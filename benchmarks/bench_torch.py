@@ -71,6 +71,12 @@ def paired(fns: dict[str, object], reps: int, warmup: int = 3) -> dict[str, floa
             q1, _, q3 = statistics.quantiles(ratios, n=4)
             out[k] = statistics.median(ratios)
             out[k + "_iqr"] = (q1, q3)  # type: ignore[assignment]
+            # the paired difference: what the wrapper adds to a step, less sensitive to the
+            # machine's load than the ratio of two noisy times
+            diffs = [(a - b) * 1e3 for a, b in zip(ts, base)]
+            d1, _, d3 = statistics.quantiles(diffs, n=4)
+            out[k + "_diff_ms"] = statistics.median(diffs)
+            out[k + "_diff_iqr"] = (d1, d3)  # type: ignore[assignment]
     return out
 
 
@@ -92,9 +98,12 @@ def anomaly(step):
 def overhead(name: str, model: torch.nn.Module, x: torch.Tensor, reps: int) -> None:
     step = make_step(model, x)
     res = paired({"plain": step, "guard": gst.guard(step), "anomaly": anomaly(step)}, reps)
+    d1, d3 = res["guard_diff_iqr"]
     print(
         f"{name:28s} plain {res['plain_ms']:7.2f} ms   guard {_iqr(res, 'guard')}   "
-        f"detect_anomaly {_iqr(res, 'anomaly')}"
+        f"detect_anomaly {_iqr(res, 'anomaly')}\n{'':28s} guard adds {res['guard_diff_ms']:.3f} ms"
+        f" a step (paired difference, IQR {d1:.3f}-{d3:.3f}): "
+        f"{1 + res['guard_diff_ms'] / res['plain_ms']:.3f}x of the median plain step"
     )
 
 
@@ -176,6 +185,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--report-only", action="store_true", help="only the time to the report")
+    ap.add_argument("--overhead-only", action="store_true", help="only the per-step overhead")
     ns = ap.parse_args()
     torch.set_num_threads(ns.threads)
     reps = 10 if ns.quick else 40
@@ -186,7 +196,8 @@ def main() -> None:
     overhead("MLP 4x512, batch 256", mlp(), torch.randn(256, 512), reps)
     overhead("Transformer 2x d256, 8x64", transformer(), torch.randn(8, 64, 256), reps)
     print("bar: guard <= 1.05x a plain step")
-    time_to_report(5 if ns.quick else 15)
+    if not ns.overhead_only:
+        time_to_report(5 if ns.quick else 15)
 
 
 if __name__ == "__main__":

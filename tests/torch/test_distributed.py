@@ -250,7 +250,7 @@ opt = torch.optim.SGD(net.parameters(), lr=0.01)
 
 def step(x):
     opt.zero_grad()
-    loss = net(torch.log(x)).pow(2).mean()
+    loss = net(torch.log(x)).pow(2).mean()  # L:log
     loss.backward()
     opt.step()
 
@@ -264,14 +264,16 @@ try:
             x[0, 0] = -1.0
         guarded(x)
 except gradsan.NonFiniteError as e:
-    out.update(step=i, primitive=e.report.findings[0].primitive, notes=e.report.notes)
+    f = e.report.findings[0]
+    out.update(step=i, primitive=f.primitive, notes=e.report.notes,
+               line=f.where.line if f.where else None, outputs=[o.path for o in f.outputs])
 json.dump(out, open(f"out{rank}.json", "w"))
 dist.destroy_process_group()
 """
 
 
 @pytest.mark.slow
-def test_guard_fsdp2_names_rank_1_without_a_replay_and_does_not_hang(tmp_path):
+def test_guard_fsdp2_names_rank_1_the_op_and_the_line_and_does_not_hang(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(GUARD_FSDP_WORKER))
     for r in _launch([sys.executable, str(script)], tmp_path):
@@ -280,6 +282,8 @@ def test_guard_fsdp2_names_rank_1_without_a_replay_and_does_not_hang(tmp_path):
     assert r0["step"] == 2 and r1["step"] == 2
     assert r0["primitive"] == "FSDP reduce-scatter (from rank 1)"
     assert "finite before FSDP's reduce-scatter" in r0["notes"][0]
-    assert r1["primitive"] == "this rank's backward (rank 1, not replayed)"
+    # rank 1 replayed the step together with rank 0 (FSDP2's collectives need both)
+    assert r1["primitive"] == "log" and r1["line"] == line_of(script, "L:log")
     assert "rank 1 of 2" in r1["notes"][0] and "`net.0.weight`" in r1["notes"][0]
-    assert any("under `gradsan run`" in n for n in r1["notes"])
+    assert any("every rank replayed this step together" in n for n in r1["notes"])
+    assert r1["outputs"] == ["loss", "net.0.weight", "net.0.bias"]  # its local shards

@@ -49,6 +49,13 @@ def _user_frame_text(depth: int = 2) -> str:
     return f"{short_path(f.f_code.co_filename)}:{f.f_lineno} ({f.f_code.co_name})"
 
 
+def _user_frame() -> FrameType | None:
+    f: FrameType | None = sys._getframe(2)
+    while f is not None and not is_user_file(f.f_code.co_filename):
+        f = f.f_back
+    return f
+
+
 def _leaves_of(roots: list) -> list:
     """The leaf tensors (AccumulateGrad nodes) a backward from ``roots`` reaches."""
     seen: set[int] = set()
@@ -74,17 +81,25 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
     from ..torch._amp import RunWatch
     from ..torch._compat import compiling, in_functorch
     from ..torch._distributed import RunDist, real_leaves
+    from ..torch._func import RunCheck
     from ..torch._guard import finite
+    from ..torch._spawn import patch_spawn
 
     amp = RunWatch(hooks).install()  # gradsan.torch._amp: GradScaler steps decide their own
     RunDist(hooks).install()  # gradsan.torch._distributed: DDP ranks, checked before all-reduce
-    RunAccum(hooks).install()  # gradsan.torch._accum: names the micro-batch
+    accum = RunAccum(hooks).install()  # gradsan.torch._accum: names the micro-batch
+    patch_spawn(hooks, torch)  # gradsan.torch._spawn: torch.multiprocessing.spawn's workers
     orig_backward = torch.Tensor.backward
     orig_grad = torch.autograd.grad
+    # gradsan.torch._func: torch.func's results; installed before any session's own wrappers
+    # (a session restores what it wrapped when it ends)
+    funcs = RunCheck(lambda pairs, api: func_grads(pairs, api)).install(hooks.undo.append)
     if hooks.enabled:
         hooks.begin_session(1)
 
-    def finish(call: int, frame: Any, leaves: list, grads: list, extra: list) -> None:
+    def finish(
+        call: int, frame: Any, leaves: list, grads: list, extra: list, api: str = ""
+    ) -> None:
         from ..torch import sanitize as torch_sanitize
 
         bad = not finite(grads, extra)
@@ -121,7 +136,8 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
                 backend="torch",
                 report=report,
                 call=call,
-                label=f"at {where}" if where else "(unknown line)",
+                label=(f"at {where}" if where else "(unknown line)")
+                + (f", in {api}" if api else ""),
                 tensors=_torch_tensors(leaves, frame),
                 traced=traced,
             )
@@ -163,8 +179,8 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
     @functools.wraps(orig_grad)
     def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if not hooks.enabled or hooks.in_backward or compiling() or in_functorch():
-            return orig_grad(outputs, inputs, *args, **kwargs)
+        if not hooks.enabled or hooks.in_backward or compiling() or in_functorch() or funcs.depth:
+            return orig_grad(outputs, inputs, *args, **kwargs)  # (torch.func's: checked there)
         hooks.in_backward = True
         try:
             result = orig_grad(outputs, inputs, *args, **kwargs)
@@ -182,6 +198,31 @@ def patch_torch(hooks: Hooks, torch: Any) -> None:
                 p._gradsan_grad = g
         finish(call, sys._getframe(1), ins, grads, [])
         return result
+
+    def func_grads(pairs: list, api: str) -> None:
+        """torch.func's gradients (gradsan.torch._func.RunCheck), checked like ``.grad``."""
+        __tracebackhide__ = True
+        if not hooks.enabled or hooks.in_backward or compiling():
+            return
+        hooks.torch_calls += 1
+        call = hooks.torch_calls
+        accum.not_accumulated()
+        if hooks.replay_step is not None and call < hooks.replay_step:
+            hooks.begin_session(call + 1)
+            return
+        transforms = getattr(getattr(hooks.session, "tracer", None), "transforms", None)
+        if transforms is not None:  # the open session's report names them after their argument
+            seen = {id(g) for _, g, _ in transforms.grads}
+            transforms.grads += [(a, g, api) for a, g in pairs if id(g) not in seen]
+        grads = [g for _, g in pairs if g.is_floating_point()]
+        leaves = []
+        if not finite(grads):  # name them like .grad's in the summary
+            for a, g in pairs:
+                if not isinstance(a, torch.Tensor):  # vmap's outputs: no argument to name
+                    a = g.new_zeros(()).expand(g.shape)
+                a._gradsan_grad = g
+                leaves.append(a)
+        finish(call, _user_frame(), leaves, grads, [], api)
 
     orig_compile = torch.compile
 

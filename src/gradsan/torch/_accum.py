@@ -99,6 +99,11 @@ class RunAccum:
         self.hooks = hooks
         self.start = 0  # hooks.torch_calls at the last boundary
         self.previous: int | None = None  # backward calls of the last complete step
+        self.func_call = 0  # the last check of a torch.func result (nothing accumulates there)
+
+    def not_accumulated(self) -> None:
+        """The check that just counted was of gradients torch.func returned, not of ``.grad``."""
+        self.func_call = self.start = self.hooks.torch_calls
 
     def boundary(self) -> None:
         n = self.hooks.torch_calls - self.start
@@ -125,7 +130,9 @@ class RunAccum:
         return self
 
     def annotate(self, f: Any) -> None:
-        if f.backend != "torch" or f.report is None:
+        if f.backend != "torch" or f.report is None or f.call == self.func_call:
+            return
+        if getattr(f, "spawned", False):  # a spawned worker's call count, not this process's
             return
         note = micro_batch_note(f.call - self.start, self.previous)
         if note is not None:

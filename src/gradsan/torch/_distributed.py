@@ -257,6 +257,7 @@ class Verdict:
     comm: str = "DDP's all-reduce"  # or "FSDP's reduce-scatter"
     # DDP names the first non-finite gradient of each bucket; FSDP the parameters of the unit
     which: str = "first"
+    tag: str = ""  # the store keys' prefix of this exchange
 
     @property
     def local(self) -> bool:
@@ -343,8 +344,8 @@ def exchange(states: list[Any], name: Callable[[torch.Tensor], str]) -> Verdict 
     except (RuntimeError, ValueError, dist.DistError):
         others = {k: None for k in range(world) if k != rank}
     if all(isinstance(s, _FsdpState) for s in states):
-        return Verdict(rank, world, mine, others, "FSDP's reduce-scatter", "in")
-    return Verdict(rank, world, mine, others)
+        return Verdict(rank, world, mine, others, "FSDP's reduce-scatter", "in", tag)
+    return Verdict(rank, world, mine, others, tag=tag)
 
 
 def remote_report(verdict: Verdict, hits: list, where: Any, function: str) -> Any:
@@ -502,16 +503,29 @@ class RunDist:
 # ---- guard ------------------------------------------------------------------------------------------
 
 
-def guard_verdict(modules: list[tuple[Any, str]], watched: list[torch.Tensor]) -> list[str]:
-    """guard, before it replays a failed step of a DDP module: compare notes with the other
-    ranks. A rank that only received the NaN raises its report here (no replay: the other
-    ranks are not replaying, a replay through DDP's all-reduce would wait for them); the rank
-    that made it gets the notes for its replay, which runs without DDP's all-reduce."""
+@dataclasses.dataclass
+class GuardPlan:
+    """What guard's replay does on this rank."""
+
+    notes: list[str] = dataclasses.field(default_factory=list)
+    # FSDP2: every rank replays the step together (its all-gathers and reduce-scatters need
+    # them all), and gradsan checks only local shards (a DTensor's check is a collective)
+    together: bool = False
+    remote: Any = None  # a rank that only received the NaN: its report, raised after the replay
+
+
+def guard_verdict(modules: list[tuple[Any, str]], watched: list[torch.Tensor]) -> GuardPlan:
+    """guard, before it replays a failed step of a DDP or FSDP2 module: compare notes with the
+    other ranks. DDP: a rank that only received the NaN raises its report here (no replay: a
+    replay through DDP's all-reduce would wait for the other ranks); the rank that made it
+    replays without DDP's all-reduce. FSDP2: when every rank failed at this step and they agree
+    to, every rank replays it together; the rank that made the NaN reports the op and line,
+    the others what arrived through the reduce-scatter."""
     groups = [g for m, _ in modules for g in _fsdp_groups(m)]
     fsdp = [g._gradsan_state for g in groups if getattr(g, "_gradsan_state", None) is not None]
     states = states_of(modules) + fsdp
     if not states:
-        return []
+        return GuardPlan()
     from .._errors import NonFiniteError
     from ._explain import Namer, output_hit
     from ._mode import all_finite
@@ -521,24 +535,85 @@ def guard_verdict(modules: list[tuple[Any, str]], watched: list[torch.Tensor]) -
     namer.add_modules(modules)
     verdict = exchange(states, namer.name)
     if verdict is None:
-        return []
+        return GuardPlan()
     if verdict.local and not groups:
-        return [*verdict.notes(), "the replay ran without DDP's all-reduce (this rank alone)"]
+        return GuardPlan(
+            [*verdict.notes(), "the replay ran without DDP's all-reduce (this rank alone)"]
+        )
     hits = [
         output_hit(namer.name(p), g)
         for p, g in ((p, _local(p.grad)) for p in watched if p.grad is not None)
         if not all_finite(g)
     ]
-    if not verdict.local:
-        raise NonFiniteError(remote_report(verdict, hits, user_frame(3), "step"))
     report = remote_report(verdict, hits, user_frame(3), "step")
-    report.findings[0].primitive = f"this rank's backward (rank {verdict.rank}, not replayed)"
-    report.notes.append(
-        "guard does not replay a step of FSDP2-sharded modules (its all-gathers would wait for "
-        "the other ranks): run the script under `gradsan run`, which re-runs this rank alone, "
-        "for the operation and line"
-    )
+    if not groups:
+        raise NonFiniteError(report)
+    if _agree(verdict, all(v is not None for v in verdict.others.values())):
+        if not verdict.local:
+            return GuardPlan(together=True, remote=report)
+        return GuardPlan(
+            [
+                *verdict.notes(),
+                f"every rank replayed this step together (FSDP2's all-gathers and "
+                f"reduce-scatters need all {verdict.world}); gradsan checked this rank's local "
+                "shards only",
+            ],
+            together=True,
+        )
+    if verdict.local:
+        report.findings[0].primitive = f"this rank's backward (rank {verdict.rank}, not replayed)"
+        report.notes.append(
+            "guard did not replay this step of FSDP2-sharded modules: not every rank stopped at "
+            "it (its all-gathers would wait for them); run the script under `gradsan run`, which "
+            "re-runs this rank alone, for the operation and line"
+        )
     raise NonFiniteError(report)
+
+
+def _agree(verdict: Verdict, ok: bool) -> bool:
+    """Every rank says whether it heard all the others; all replay only if all did."""
+    key = f"{verdict.tag}/replay"
+    try:
+        store = _store()
+        store.set(f"{key}/{verdict.rank}", "1" if ok else "0")
+        for k in range(verdict.world):
+            if k == verdict.rank:
+                continue
+            store.wait([f"{key}/{k}"], timedelta(seconds=TIMEOUT_S))
+            if store.get(f"{key}/{k}") != b"1":
+                return False
+    except (RuntimeError, ValueError, dist.DistError):
+        return False
+    return ok
+
+
+def fsdp_outputs(tracer: Any, modules: list[tuple[Any, str]], namer: Any) -> list[torch.Tensor]:
+    """The source rank of a replay of FSDP2 modules: FSDP frees the gradients of the unsharded
+    parameters the backward wrote; the non-finite local shards of the sharded gradients (what
+    the reduce-scatter made of them), as leaves linked to the NaNs born in this backward."""
+    from ._mode import Event, all_finite, key
+
+    births: list[Any] = [e for e in tracer.events.values() if e.phase == "backward" and e.nan_new]
+    if not births:  # born in the forward: the gradients came from the non-finite loss
+        births = [tracer.producer_of(t) for t in tracer.losses if not all_finite(t.detach())]
+        births = [b for b in births if b is not None]
+    out = []
+    for g in (g for m, _ in modules for g in _fsdp_groups(m)):
+        for fp in g.fsdp_params:
+            p = fp.sharded_param
+            grad = _local(p.grad) if p.grad is not None else None
+            if grad is None or not grad.is_floating_point() or all_finite(grad):
+                continue
+            proxy = grad.new_zeros(()).expand(grad.shape)  # a leaf whose .grad is the shard's
+            proxy.grad = grad
+            namer.names[id(proxy)] = namer.name(p)
+            if births:
+                nan = bool(torch.isnan(grad).any())
+                tracer.events[key(grad)] = Event(
+                    "backward", "aten.add", None, None, grad, [(b.out, b) for b in births], nan=nan
+                )
+            out.append(proxy)
+    return out
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -549,13 +549,15 @@ class _EagerTracer(Tracer):
         super()._pre_module(module, args)
 
     node_level = False  # guard's replay: Node hooks, the dispatch mode only where NaN is born
+    node_hooks: Any = NodeHooks  # guard's replay: gradsan.torch._untilborn.UntilBorn
 
     def run_backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.node_level and not self._dmode_on and not in_functorch():
             # (a transform's wrapped tensors have no storage to key: those get the full trace)
             roots = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
             self.on_backward_call(roots)
-            hooks = NodeHooks(self, list(tensors_in(roots)))
+            cls = self.node_hooks if getattr(func, "__name__", "") != "grad" else NodeHooks
+            hooks = cls(self, list(tensors_in(roots)))
             try:
                 out = func(*args, **kwargs)
             finally:

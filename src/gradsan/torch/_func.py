@@ -91,9 +91,12 @@ class _Patches:
     def returned(self, pairs: list[tuple[Any, torch.Tensor]], api: str) -> None:
         raise NotImplementedError
 
+    inner_grads = 0  # grads/vjps that ran inside an outer transform (vmap(grad(f)), jacrev)
+
     def _grad(self, orig: Callable) -> Callable:
         def grad_and_value_impl(func, argnums, has_aux, args, kwargs):
             if self.depth:
+                self.inner_grads += 1
                 return orig(func, argnums, has_aux, args, kwargs)
             res = self.inner(orig, func, argnums, has_aux, args, kwargs)
             self.returned(_pairs(_diff_args(args, argnums), res[0]), "torch.func.grad")
@@ -111,6 +114,7 @@ class _Patches:
 
             def vjp_fn_checked(*a: Any, **k: Any) -> Any:
                 if self.depth:  # from inside jacrev's (or the user's) vmap
+                    self.inner_grads += 1
                     return vjp_fn(*a, **k)
                 out = self.inner(vjp_fn, *a, **k)
                 self.returned(_pairs(diff, out), "torch.func.vjp")
@@ -264,3 +268,73 @@ class Transforms(_Patches):
         for user_t, twin_t in zip(flat_out, [t for t in tensors_in(twin) if _float(t)]):
             if not all_finite(twin_t):
                 self.values.append((user_t, twin_t, b))
+
+
+class RunCheck(_Patches):
+    """`gradsan run`: ``check(pairs, api)`` with the gradients torch.func returns to the user's
+    script (``grad``, ``grad_and_value``, ``vjp``'s function, ``jacrev``, and ``vmap`` of any of
+    them), when the outermost transform returns. Installed for the whole run."""
+
+    def __init__(self, check: Callable[[list[tuple[Any, torch.Tensor]], str], None]) -> None:
+        super().__init__()
+        self.check = check
+
+    def wrappers(self) -> dict[str, Callable[[Any], Any]]:
+        return {"grad": self._grad, "vjp": self._vjp, "vmap": self._vmap_grads}
+
+    def returned(self, pairs: list[tuple[Any, torch.Tensor]], api: str) -> None:
+        if _compat.in_functorch():  # inside the user's own outer transform: its result is checked
+            self.inner_grads += 1
+            return
+        self.check([(a, g) for a, g in pairs if _float(g)], api)
+
+    def install(self, undo: Callable[[Callable[[], None]], None]) -> RunCheck:
+        """Wrap the entry points and ``torch.func.jacrev``; ``undo(fn)`` registers the undo."""
+        self.__enter__()
+        func_mod = torch.func
+        orig_jacrev = func_mod.jacrev
+        func_mod.jacrev = self._jacrev(orig_jacrev)  # type: ignore[assignment]
+
+        def restore() -> None:
+            func_mod.jacrev = orig_jacrev  # type: ignore[assignment]
+            self.__exit__(None, None, None)
+
+        undo(restore)
+        return self
+
+    def _vmap_grads(self, orig: Callable) -> Callable:
+        def vmap_impl(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs):
+            if self.depth:
+                return orig(func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs)
+            before, self.inner_grads = self.inner_grads, 0
+            try:
+                out = self.inner(
+                    orig, func, in_dims, out_dims, randomness, chunk_size, *args, **kwargs
+                )
+                ran_grads = self.inner_grads > 0
+            finally:
+                self.inner_grads = before
+            if ran_grads:  # vmap(grad(f)): what it returns are gradients
+                self.returned([(None, t) for t in tensors_in(out)], "torch.func.vmap")
+            return out
+
+        return vmap_impl
+
+    def _jacrev(self, orig: Callable) -> Callable:
+        @functools.wraps(orig)
+        def jacrev(func: Callable, argnums: Any = 0, *a: Any, **k: Any) -> Any:
+            inner = orig(func, argnums, *a, **k)
+            has_aux = bool(k.get("has_aux", a[0] if a else False))
+
+            @functools.wraps(inner)
+            def jac_fn(*args: Any, **kwargs: Any) -> Any:
+                if self.depth or _compat.in_functorch():
+                    return inner(*args, **kwargs)
+                out = self.inner(inner, *args, **kwargs)
+                jac = out[0] if has_aux else out
+                self.returned(_pairs(_diff_args(args, argnums), jac), "torch.func.jacrev")
+                return out
+
+            return jac_fn
+
+        return jacrev

@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
 from .._report import Finding, Report
-from . import _accum, _amp, _compat, _distributed, _replay
+from . import _accum, _amp, _compat, _distributed, _replay, _untilborn
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._func import GradCheck
 from ._mode import all_finite, tensors_in
@@ -264,12 +264,19 @@ class guard:
                 self.notes = amp.notes()
                 return out
         # gradsan.torch._distributed: a DDP rank that only received the NaN raises here
-        self._dist_notes = _distributed.guard_verdict(self.modules, self._watched(args, kwargs))
-        self._replay(args, kwargs, rng, cuda_rng, check)
+        plan = _distributed.guard_verdict(self.modules, self._watched(args, kwargs))
+        self._dist_notes = plan.notes
+        self._replay(args, kwargs, rng, cuda_rng, check, plan)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _replay(
-        self, args: tuple, kwargs: dict, rng: torch.Tensor, cuda_rng: Any, check: _StepCheck
+        self,
+        args: tuple,
+        kwargs: dict,
+        rng: torch.Tensor,
+        cuda_rng: Any,
+        check: _StepCheck,
+        plan: _distributed.GuardPlan | None = None,
     ) -> None:
         """Explain the failing step: run its forward and backward again under the tracer,
         with the step's inputs, batches, parameters and RNG state, and no side effect."""
@@ -297,15 +304,19 @@ class guard:
         torch.set_rng_state(rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
-        session = _Session(None)
-        session.modules = list(self.modules)
+        together = plan is not None and plan.together  # FSDP2: every rank replays, no DTensor
+        session = _Session(None)  # is checked (that would be a collective)
+        session.modules = [] if together else list(self.modules)
         session.report.function = getattr(self.step, "__name__", "step")
-        session.extra_leaves = [p for p in watched]
+        session.extra_leaves = [] if together else [p for p in watched]
+        if together:
+            session.namer.add_modules(self.modules)
         session.namer.add_locals(_arg_names(self.step, args, kwargs))
         report = session.__enter__()
         tracer = session.tracer
         assert tracer is not None
         tracer.node_level = True  # type: ignore[attr-defined]  # see _nodes.py
+        tracer.node_hooks = _untilborn.UntilBorn  # type: ignore[attr-defined]  # _untilborn.py
         out = None
         report.notes.extend(self._amp.report_notes())  # gradsan.torch._amp
         report.notes.extend(self._dist_notes)  # gradsan.torch._distributed
@@ -317,7 +328,7 @@ class guard:
                 stack.enter_context(warnings.catch_warnings())
                 stack.enter_context(self._amp.replaying())  # gradsan.torch._amp
                 stack.enter_context(_distributed.local_replay())  # gradsan.torch._distributed
-                accum = stack.enter_context(_accum.counting(watched))  # gradsan.torch._accum
+                accum = stack.enter_context(_accum.counting([] if together else watched))
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
                 stack.enter_context(_replay.no_updates(self._optimizers(check)))
                 stop = stack.enter_context(_StepCheck(replaying=True))
@@ -348,6 +359,11 @@ class guard:
             torch.set_rng_state(after_rng)
             if after_cuda is not None:
                 torch.cuda.set_rng_state_all(after_cuda)
+        if together:  # gradsan.torch._distributed: FSDP2's ranks replayed together
+            if plan is not None and plan.remote is not None:
+                raise NonFiniteError(plan.remote)  # this rank only received the NaN
+            tracer.roots = []
+            session.extra_leaves = _distributed.fsdp_outputs(tracer, self.modules, session.namer)
         if problem is not None:
             raise NonFiniteError(
                 self._from_record(
@@ -356,6 +372,7 @@ class guard:
                 )
             )
         session.finish(tracer)
+        report.notes.extend(n for n in [_untilborn.note(tracer)] if n and not report.ok)
         report.outputs = out
         if report.ok:
             report.findings.append(unlocated(self._recorded(watched, grads_left)))
@@ -376,10 +393,11 @@ class guard:
         namer = Namer()
         namer.add_modules(self.modules)
         pairs = grads if grads is not None else [(p, p.grad) for p in watched]
+        local = [(p, _distributed._local(g)) for p, g in pairs if g is not None]  # (DTensors)
         return [
             output_hit(namer.name(p), g)
-            for p, g in pairs
-            if g is not None and g.is_floating_point() and not all_finite(g)
+            for p, g in local
+            if g.is_floating_point() and not all_finite(g)
         ]
 
     def _from_record(self, hits: list, note: str) -> Report:
