@@ -87,30 +87,40 @@ def test_a_bad_allow_expression_is_a_usage_error(pytester):
 
 
 def test_tests_in_an_installed_package_are_checked(pytester):
+    # mypkg, and a package gradsan names as a library (haiku: like `pytest --pyargs optax`,
+    # whose test files sit in site-packages/optax/): the collected test files are the user's
     site = pytester.mkdir("site-packages")
-    pkg = site / "mypkg"
-    (pkg / "tests").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "tests" / "__init__.py").write_text("")
-    (pkg / "tests" / "test_inst.py").write_text(TESTS.split("class T")[0])
+    for name in ("mypkg", "haiku"):
+        pkg = site / name
+        (pkg / "tests").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "tests" / "__init__.py").write_text("")
+        # haiku's copy two lines lower: code objects that differ only in their file compare
+        # equal, and gradsan's trace cache would give both the first file's lines
+        head = "" if name == "mypkg" else "# haiku's copy\n\n"
+        (pkg / "tests" / "test_inst.py").write_text(head + TESTS.split("class T")[0])
     r = pytester.runpytest_subprocess(
         "--gradsan",
         "-p",
         "no:cacheprovider",
         "--pyargs",
         "mypkg",
+        "haiku",
         "--rootdir",
         str(site),
         "-o",
         f"pythonpath={site}",
     )
-    r.assert_outcomes(passed=2, failed=2)
+    r.assert_outcomes(passed=4, failed=4)
     r.stdout.fnmatch_lines(
         [
-            "*1 test file from installed packages: only their own jit/grad "
+            "*2 test files from installed packages: only their own jit/grad "
             "functions checked, not the package's*"
         ]
     )
+    line = TESTS.splitlines().index("    return jnp.sqrt(jnp.sum(x ** 2))") + 1
+    for name, at in (("mypkg", line), ("haiku", line + 2)):  # at the test file's own line
+        r.stdout.fnmatch_lines([f"*: sqrt at *{name}/tests/test_inst.py:{at} (loss)*"])
 
 
 def test_gradsan_modules_are_not_assertion_rewritten(pytester):

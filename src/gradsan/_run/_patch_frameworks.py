@@ -77,6 +77,32 @@ class FrameworkWatched(Watched):
     def label(self) -> str:
         return f"`{_name(self._target)}` ({self._framework}.{self._kind})"
 
+    # equal when the framework's own functions are (an equinox transform is a Module, equal by
+    # its fields): ``eqx.filter_pmap(eqx.filter_grad(f))`` re-created hits equinox's cache, as
+    # it does without gradsan (equinox's test_pmap_grad counts the traces)
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if type(other) is not type(self):
+            return NotImplemented
+        try:
+            return bool(self._inner == other._inner)  # type: ignore[attr-defined]
+        except Exception:  # arrays in the fields: an array of comparisons
+            return False
+
+    def __hash__(self) -> int:
+        try:
+            return hash((type(self), self._inner))
+        except TypeError:  # a Module with a dict field (filter_grad's options): by its pytree
+            pass
+        import jax
+
+        leaves, treedef = jax.tree_util.tree_flatten(self._inner)
+        try:
+            return hash((type(self), treedef, tuple(leaves)))
+        except TypeError:  # array leaves
+            return id(self)
+
     @property
     def donating(self) -> bool:
         o = self._opts
@@ -323,6 +349,13 @@ def patch_equinox(hooks: Hooks, eqx: Any) -> None:
     for name in EQX_NAMES:
         if hasattr(eqx, name):
             _wrap(hooks, eqx, name, "eqx")
+    # equinox warns when a Module field holds a jax.jit/jax.grad of a module (its parameters
+    # would not be updated); it knows those by their type, and the user's are gradsan's
+    # Watched (equinox's test_jax_transform_warn: DID NOT WARN under --gradsan)
+    mod = sys.modules.get("equinox._module._module")
+    types = getattr(mod, "_transform_types", None)
+    if isinstance(types, set) and Watched not in types:
+        hooks.set(mod, "_transform_types", types | {Watched})
 
 
 def patch_nnx(hooks: Hooks, nnx: Any) -> None:

@@ -88,7 +88,7 @@ class Watched:
             # dispatched), so checking forces no sync per step; on the CPU reading it at once
             # is cheaper (measured in benchmarks/bench_call_cost.py)
             self._defer = getattr(hooks, "defer_flags", False) and _accelerated()
-        if checker.fused is None and _has_tracer((args, kwargs)):
+        if not (checker.fused and checker.state.get("sized")) and _has_tracer((args, kwargs)):
             return self._inner(*args, **kwargs)
         out, flag, via = checker.start(args, kwargs)
         if isinstance(flag, _tracer_type()):  # a call made while tracing passes through

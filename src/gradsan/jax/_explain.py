@@ -18,7 +18,7 @@ from .._events import Because, Note, Origin, Poison, ZeroKind
 from .._report import Finding, Frame, OutputHit, Report
 from .._report._build import build
 from .._report._format import format_value
-from . import _compat, _numpy, _rules
+from . import _compat, _frameworks, _numpy, _rules
 from ._call import (
     arg_labels,
     check_args,
@@ -951,6 +951,7 @@ def diagnose(
     for key in order:
         origin, poison, hits = groups[key]
         f = _origin_finding(interp, origin, poison, hits)
+        f = _frameworks.finding(f, origin, traced.closed)  # eqx.error_if(on_error="nan")
         w = f.where
         same = (
             f.kind,

@@ -14,6 +14,7 @@ import sys
 from .._report import Frame
 from .._report._frames import frame_at
 from .._userfile import GRADSAN_DIR, is_gradsan_file, is_user_file
+from ._frameworks import framework_name, user_copy
 
 _SEP = os.sep
 
@@ -69,6 +70,8 @@ def file_class(filename: str) -> str:
     for pat in _PLUMBING:
         if pat in filename:
             return "plumbing"
+    if user_copy(filename):  # a checkout's tests, an installed package's collected tests
+        return "user"
     for pat, prefix in _LIBRARIES.items():
         if pat in filename:
             return "library:" + prefix
@@ -134,7 +137,7 @@ def _place_of(tb) -> Place:
             pos = _position(code, lasti)
             key = (code.co_filename, pos)
         if cls.startswith("library:"):
-            library = _libname(cls[8:], code.co_name)  # outermost library frame wins
+            library = framework_name(cls[8:], code, library) or _libname(cls[8:], code.co_name)
             continue
         # the first user frame
         return Place(_frame(code, lasti), key, library, cvjp)
