@@ -1,19 +1,21 @@
 """The cost of gradsan's call path (issue 17), each measured against the plain call.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_call_cost.py [--part NAME] [--rounds N]
-        [--layers 100,300,1000] [--report-only]
+        [--layers 100,300,1000] [--variants plain,guard,run]
 
 Parts:
 
-- ``compile``: on a deep tanh MLP's jitted train step (NaN at the last layer): the compile
-  time of the plain step and of the step with guard's fused flag (``fused``, what guard
-  compiled before for any number of outputs; ``--report-only`` skips it), then guard's whole
-  time to the report as `gradsan run` calls it (no first plain call). Above
-  ``_flags.FUSE_LIMIT`` float outputs guard no longer fuses the flag.
+- ``compile``: ``jax.jit(jax.grad(loss))`` of a deep tanh MLP (NaN in every gradient leaf):
+  seconds from the fresh function to its result (``plain``: trace, compile, run) and to
+  guard's report (``guard``: guard's default; ``run``: through the fused program, as
+  `gradsan run` calls it), and each minus plain in the same round. ``--rounds`` applies.
 - ``recreate``: under `gradsan run`'s patch, ``jax.jit(f)(x)`` re-created at every call of a
   loop, per call; against the same loop without gradsan.
 - ``step``: under `gradsan run`'s patch, a jitted step of about 10 us called in a loop, per
   call; against the same loop without gradsan.
+- ``steps``: steps of about 20 us, 200 us and 2 ms (``--sizes``): plain, `gradsan run` with
+  the flag read at each call and one call late, and ``gradsan.jax.guard``; the overhead per
+  call in microseconds and the ratio, each against plain in the same round.
 
 Timing is paired: every round runs each variant once in alternating order; we print the
 median and the interquartile range over rounds. The "RESULT name=value" lines are for the
@@ -49,7 +51,7 @@ def paired(variants: dict[str, Callable[[], float]], rounds: int) -> dict[str, l
 # -- compile: guard on a deep MLP -------------------------------------------------------------
 
 
-def deep_step(layers: int, width: int = 16) -> tuple[Callable, tuple]:
+def deep_loss(layers: int, width: int = 16) -> tuple[Callable, tuple]:
     keys = jax.random.split(jax.random.PRNGKey(0), layers)
     params = [(jax.random.normal(k, (width, width)) / width**0.5, jnp.zeros(width)) for k in keys]
     x = jax.random.normal(jax.random.PRNGKey(1), (4, width))
@@ -60,54 +62,49 @@ def deep_step(layers: int, width: int = 16) -> tuple[Callable, tuple]:
             h = jnp.tanh(h @ w + b)
         return jnp.sqrt(jnp.sum(h * 0.0))  # sqrt at an exact 0: the gradient is NaN
 
-    def step(params, x):
-        g = jax.grad(loss)(params, x)
-        return [(w - 0.1 * gw, b - 0.1 * gb) for (w, b), (gw, gb) in zip(params, g)]
-
-    return step, (params, x)
+    return loss, (params, x)
 
 
-def part_compile(layer_counts: list[int], report_only: bool = False) -> None:
-    """Compile time of the fused program (step + flag) against the plain step's, the flag
-    per leaf (before) and over the concatenated leaves (after), fresh functions each time so
-    nothing is cached; then guard's whole time to the report (compile + replay)."""
+def _one_compile(n: int, variant: str) -> float:
+    """Seconds from a fresh ``jax.jit(jax.grad(loss))`` to its result (``plain``: trace,
+    compile, run) or to guard's report (``guard``: its default, the first call as it is and
+    the check on the host; ``run``: as `gradsan run` calls it, through the fused program)."""
     import gradsan
     import gradsan.jax as gsj
-    from gradsan.jax import _flags, _guard
 
-    def compile_s(limit: int | None, n: int) -> float:
-        step, args = deep_step(n)
-        fun = jax.jit(step)
-        if limit is not None:
-            _flags.FUSE_LIMIT = limit
-            _guard._FUSED.clear()
-            fun = _guard._fused(fun, True)
-        t0 = time.perf_counter()
-        fun.lower(*args).compile()
+    loss, args = deep_loss(n)
+    t0 = time.perf_counter()
+    fun = jax.jit(jax.grad(loss))
+    if variant == "plain":
+        jax.block_until_ready(fun(*args))
         return time.perf_counter() - t0
-
-    default = _flags.FUSE_LIMIT
-    for n in layer_counts:
-        got = {"plain": compile_s(None, n)}
-        if not report_only:
-            got["fused"] = compile_s(default, n)
-        _flags.FUSE_LIMIT = default
-        line = ", ".join(f"{k} {v:.2f} s" for k, v in got.items())
-        print(f"  {n:5d} layers: compile {line}")
-        for k, v in got.items():
-            print(f"RESULT compile.layers{n}.{k}_s={v:.2f}")
-        step, args = deep_step(n)
-        t0 = time.perf_counter()
-        g = gsj.guard(jax.jit(step))
+    g = gsj.guard(fun)
+    if variant == "run":
         g._gradsan_state["use_jit"] = True  # as `gradsan run`: no first plain call
-        try:
-            g(*args)
-            said = "no error"
-        except gradsan.NonFiniteError as e:
-            said = str(e).splitlines()[0][:60]
-        total = time.perf_counter() - t0
-        print(f"  {n:5d} layers: guard to the report {total:.2f} s [{said}]")
-        print(f"RESULT compile.layers{n}.guard_report_s={total:.2f}")
+    try:
+        g(*args)
+    except gradsan.NonFiniteError as e:
+        assert "sqrt" in str(e).splitlines()[0], str(e)[:200]
+    else:  # pragma: no cover
+        raise AssertionError("guard did not report")
+    return time.perf_counter() - t0
+
+
+def part_compile(
+    layer_counts: list[int], rounds: int = 1, variants: str = "plain,guard,run"
+) -> None:
+    """Fresh functions each time (nothing cached), the variants alternated round by round."""
+    names = variants.split(",")
+    for n in layer_counts:
+        got = paired({v: (lambda v=v: _one_compile(n, v)) for v in names}, rounds)
+        for v in names:
+            print(f"  {n:5d} layers: {v:6s} {stats(got[v])} s")
+            print(f"RESULT compile.layers{n}.{v}_s={statistics.median(got[v]):.2f}")
+        for v in names:
+            if v != "plain" and "plain" in got:
+                extra = [a - b for a, b in zip(got[v], got["plain"])]
+                print(f"  {n:5d} layers: {v} - plain {stats(extra)} s")
+                print(f"RESULT compile.layers{n}.{v}_over_plain_s={statistics.median(extra):.2f}")
 
 
 # -- under gradsan run's patch ----------------------------------------------------------------
@@ -189,19 +186,116 @@ def part_run(name: str, rounds: int, n: int) -> None:
     print(f"RESULT {name}.ratio={statistics.median(ratio):.2f}")
 
 
+STEP = """
+import jax, jax.numpy as jnp
+jit = jax.jit
+N = {n}
+w = jnp.full((N, N), 1.0 / N) if N > 1 else None
+def f(x):
+    if N > 1:
+        return jnp.tanh(x @ w + 0.5)
+    return jnp.tanh(x * 1.0001 + 0.5)
+step = jit(f)
+def steps(x, n):
+    for _ in range(n):
+        x = step(x)
+    return jax.block_until_ready(x)
+"""
+
+SIZES = {"20us": (1, 2000), "200us": (128, 300), "2ms": (288, 40)}
+"""step size -> (matrix side, 1 for 16 elementwise floats; calls per round), on this CPU."""
+
+
+def part_steps(rounds: int, sizes: list[str]) -> None:
+    """Per-call cost of a jitted ``x = step(x)`` loop: plain; under `gradsan run`'s patch with
+    the flag read at each call (``run_now``) and one call late (``run_late``); under
+    ``gradsan.jax.guard``. Overhead = variant - plain in the same round, in microseconds."""
+    import gradsan.jax as gsj
+    from gradsan._run import _patch_jax
+
+    for size in sizes:
+        side, calls = SIZES[size]
+        src = STEP.format(n=side)
+        x = jnp.ones((side, side) if side > 1 else (16,))
+        plain = _user_code(src)
+        hooks = _installed_hooks()
+        accelerated = getattr(_patch_jax, "_accelerated", None)
+        try:
+            hooks.defer_flags = False  # type: ignore[attr-defined]
+            now = _user_code(src)
+            now["steps"](x, 3)
+            hooks.defer_flags = True  # type: ignore[attr-defined]
+            _patch_jax._accelerated = lambda: True  # type: ignore[attr-defined]  # (older code)
+            late = _user_code(src)
+            late["steps"](x, 3)
+        finally:
+            if accelerated is not None:
+                _patch_jax._accelerated = accelerated  # type: ignore[attr-defined]
+        guarded = gsj.guard(plain["step"])
+        g = {"x": x}
+
+        def guard_loop(x: jax.Array, n: int) -> jax.Array:
+            for _ in range(n):
+                x = guarded(x)
+            return jax.block_until_ready(x)
+
+        guard_loop(x, 3)
+        thread = guarded._gradsan_state["thread"]  # type: ignore[attr-defined]
+        if thread is not None:
+            thread.join()  # the fused program compiled: what every later call runs
+        guard_loop(x, 3)
+        plain["steps"](x, 3)
+        loops = {
+            "plain": plain["steps"],
+            "run_now": now["steps"],
+            "run_late": late["steps"],
+            "guard": guard_loop,
+        }
+
+        def timed(f: Callable) -> Callable[[], float]:
+            def run() -> float:
+                t0 = time.perf_counter()
+                f(g["x"], calls)
+                return (time.perf_counter() - t0) / calls * 1e6
+
+            return run
+
+        try:
+            got = paired({k: timed(f) for k, f in loops.items()}, rounds)
+        finally:
+            _patch_jax.flush_pending(hooks)
+            hooks.uninstall()
+        print(f"  step {size}: plain {stats(got['plain'])} us/call")
+        print(f"RESULT steps.{size}.plain_us={statistics.median(got['plain']):.1f}")
+        for k in loops:
+            if k == "plain":
+                continue
+            extra = [a - b for a, b in zip(got[k], got["plain"])]
+            ratio = [a / b for a, b in zip(got[k], got["plain"])]
+            print(f"  step {size}: {k:8s} {stats(got[k])} us/call")
+            print(f"  step {size}: {k:8s} overhead {stats(extra)} us; ratio {stats(ratio)}")
+            print(f"RESULT steps.{size}.{k}_overhead_us={statistics.median(extra):.1f}")
+            print(f"RESULT steps.{size}.{k}_ratio={statistics.median(ratio):.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="all", choices=["all", "compile", "recreate", "step"])
+    ap.add_argument(
+        "--part", default="all", choices=["all", "compile", "recreate", "step", "steps"]
+    )
+    ap.add_argument("--sizes", default="20us,200us,2ms", help="steps: step sizes")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--layers", default="100,300")
-    ap.add_argument("--report-only", action="store_true", help="compile: guard's time only")
+    ap.add_argument("--variants", default="plain,guard,run", help="compile: which to time")
     a = ap.parse_args()
     if a.part in ("all", "recreate"):
         part_run("recreate", a.rounds, 50)
     if a.part in ("all", "step"):
         part_run("step", a.rounds, 2000)
+    if a.part in ("all", "steps"):
+        part_steps(a.rounds, a.sizes.split(","))
     if a.part in ("all", "compile"):
-        part_compile([int(v) for v in a.layers.split(",")], a.report_only)
+        part_compile([int(v) for v in a.layers.split(",")], a.rounds, a.variants)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,7 @@ def test_a_lambda_remade_over_the_same_values_reuses_the_program(hooks):
     assert len(traces) == 1
 
 
-def test_deferred_flags_report_the_call_they_belong_to(hooks, monkeypatch):
-    monkeypatch.setattr(_patch_jax, "_accelerated", lambda: True)
+def test_deferred_flags_report_the_call_they_belong_to(hooks):
     hooks.defer_flags = True
     step = jax.jit(lambda x, k: jnp.log(x - k))
     x = jnp.ones(3) * 5.0
@@ -75,8 +74,7 @@ def test_deferred_flags_report_the_call_they_belong_to(hooks, monkeypatch):
     assert hooks.failures[0].report.findings[0].primitive == "log"
 
 
-def test_deferred_flag_of_the_last_call_is_read_at_the_flush(hooks, monkeypatch):
-    monkeypatch.setattr(_patch_jax, "_accelerated", lambda: True)
+def test_deferred_flag_of_the_last_call_is_read_at_the_flush(hooks):
     hooks.defer_flags = True
     step = jax.jit(lambda x: jnp.sqrt(x))
     step(jnp.ones(2))
@@ -126,3 +124,133 @@ def test_many_outputs_are_not_fused_and_still_reported(background):
     assert not ok
     rep = c.report((jnp.zeros(2),), {}, out, via)
     assert rep.findings and rep.findings[0].primitive == "log"
+
+
+def test_many_outputs_trace_the_step_once():
+    from gradsan.jax._guard import Checker
+
+    traces = []
+    n = _flags.FUSE_LIMIT + 1
+
+    @jax.jit
+    def step(x):
+        traces.append(1)
+        return [x * i for i in range(n)]
+
+    c = Checker(step, background=False)
+    c.run((jnp.ones(2),), {})
+    c.run((jnp.ones(2),), {})
+    assert c.fused is None and len(traces) == 1  # sizing's abstract trace is the call's
+
+
+def test_the_fused_program_reuses_the_steps_trace():
+    from gradsan.jax._guard import Checker
+
+    traces = []
+
+    @jax.jit
+    def step(x):
+        traces.append(1)
+        return jnp.sin(x), x + 1
+
+    c = Checker(step, background=False)
+    out, ok, via = c.run((jnp.ones(2),), {})
+    assert ok and via is not None and len(traces) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(out, step(jnp.ones(2))))
+    assert len(traces) == 1
+
+
+def _primitives_program(x, w):
+    h = jnp.tanh(x @ w + 0.5)
+    return jnp.sum(jnp.exp(h) * jnp.log1p(h * h)) + jnp.max(h)
+
+
+def test_cached_programs_give_binds_bits():
+    from gradsan.jax import _evalcache
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 8))
+    w = jax.random.normal(jax.random.PRNGKey(1), (8, 8))
+    jaxpr = jax.make_jaxpr(jax.grad(_primitives_program))(x, w)
+    env = dict(zip(jaxpr.jaxpr.invars, [x, w]))
+    fast = 0
+    for eqn in jaxpr.eqns:
+        ins = [v.val if hasattr(v, "val") else env[v] for v in eqn.invars]
+        ref = eqn.primitive.bind(*ins, **eqn.params)
+        ref = list(ref) if eqn.primitive.multiple_results else [ref]
+        got = _evalcache.evaluate(eqn, ins)
+        if got is not None:
+            fast += 1
+            for a, b in zip(got, ref):
+                assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+        for v, r in zip(eqn.outvars, ref):
+            env[v] = r
+    assert fast >= len(jaxpr.eqns) // 2  # the fast path did run
+
+
+def _deep(n):
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+    params = [(jax.random.normal(k, (8, 8)) / 8**0.5, jnp.zeros(8)) for k in keys]
+
+    def loss(params, x):
+        h = x
+        for w, b in params:
+            h = jnp.tanh(h @ w + b)
+        return jnp.sqrt(jnp.sum(h * 0.0))  # the gradient is NaN: sqrt's slope at 0
+
+    return jax.jit(jax.grad(loss)), params, jnp.ones((2, 8))
+
+
+def test_large_replay_goes_through_numpy_and_says_so(monkeypatch):
+    from gradsan.jax import _guard
+
+    fun, params, x = _deep(6)
+    out = fun(params, x)
+    exact = _guard.Checker(fun).report((params, x), {}, out, None)
+    assert not any("replayed with numpy" in n for n in exact.notes)
+    monkeypatch.setattr(_guard, "APPROX_AFTER", 2)
+    approx = _guard.Checker(fun).report((params, x), {}, out, None)
+    assert any("replayed with numpy" in n for n in approx.notes)
+    # the same finding: origin, its place and the outputs it reached
+    a, e = approx.findings[0], exact.findings[0]
+    assert (a.primitive, a.where.line, a.outputs) == (e.primitive, e.where.line, e.outputs)
+
+
+def test_an_approximate_replay_that_differs_is_replayed_exactly(monkeypatch):
+    from gradsan.jax import _guard
+
+    fun, params, x = _deep(4)
+    out = fun(params, x)
+    monkeypatch.setattr(_guard, "APPROX_AFTER", 2)
+    monkeypatch.setattr(_guard, "_failure_counts", lambda out: [(-1, -1)])  # never matches
+    calls = []
+    real = _guard.diagnose
+    monkeypatch.setattr(_guard, "diagnose", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rep = _guard.Checker(fun).report((params, x), {}, out, None)
+    assert len(calls) == 2 and rep.findings[0].primitive == "sqrt"
+    assert not any("replayed with numpy" in n for n in rep.notes)
+
+
+def test_a_flag_not_read_when_the_script_raises_is_reported_first(tmp_path):
+    """Flags are read one call late; a script that checks its loss itself and raises after
+    the NaN step still stops with gradsan's report of that step (exit 3), not its own error."""
+    from gradsan._run._failure import EXIT_NONFINITE, Stop
+    from gradsan._run._hooks import run_script
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "step = jax.jit(lambda x: jnp.log(x))\n"
+        "step(jnp.ones(2))\n"
+        "loss = step(-jnp.ones(2))\n"
+        "if jnp.isnan(loss).any():\n"
+        "    raise ValueError('loss is nan')\n"
+    )
+    got = []
+
+    def on_failure(f):
+        got.append(f)
+        raise Stop(f)
+
+    code, failure = run_script(str(script), [], Hooks(on_failure))
+    assert code == EXIT_NONFINITE and failure is not None and failure.call == 2
+    assert failure.report.findings[0].primitive == "log"

@@ -202,7 +202,12 @@ def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure
     code = 0
     failure = None
     try:
-        runpy.run_path(os.path.abspath(script), run_name="__main__")  # one path style
+        try:
+            runpy.run_path(os.path.abspath(script), run_name="__main__")  # one path style
+        except BaseException as e:  # a step's flag not read yet comes first (raises Stop)
+            if not isinstance(e, Stop):
+                _flush_jax(hooks)
+            raise
         _flush_jax(hooks)  # the last call's flag
     except Stop as s:
         failure = s.failure

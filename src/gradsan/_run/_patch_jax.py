@@ -13,6 +13,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .._userfile import is_user_file
 from ._failure import Failure, ordinal, say
 
@@ -50,6 +52,8 @@ class Watched:
         self._checker: Checker | None = None  # built at the first eager call
         self._pending: tuple | None = None  # a call whose flag is not read yet (defer_flags)
         self._defer = False
+        self._fast: Callable | None = None  # the fused jit, once the first eager call settled it
+        self._tracer: type = type(None)
         try:
             self.__wrapped__ = getattr(inner, "__wrapped__", target)
             for a in ("__name__", "__qualname__", "__doc__", "__module__"):
@@ -74,6 +78,26 @@ class Watched:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hooks = self._hooks
+        fast = self._fast
+        if fast is not None and hooks.enabled:  # every call after the first: the fused jit
+            out, flag = fast(*args, **kwargs)
+            if isinstance(flag, self._tracer):  # a call made while tracing passes through
+                return out
+            self._calls += 1
+            if self._defer:
+                before, self._pending = self._pending, (flag, args, kwargs, out, fast, self._calls)
+                if before is None:
+                    _pending_of(hooks).add(self)
+                else:
+                    self._settle(before)
+            elif not _read(flag):
+                self._fail(args, kwargs, out, fast, self._calls)
+            return out
+        return self._first_calls(hooks, args, kwargs)
+
+    def _first_calls(self, hooks: Hooks, args: tuple, kwargs: dict) -> Any:
+        """A call before the fused program is settled (its first eager call sizes it), and
+        every call when there is none (a step with too many outputs to fuse the flag)."""
         if not hooks.enabled:
             return self._inner(*args, **kwargs)
         checker = self._checker
@@ -84,11 +108,14 @@ class Watched:
             # Donation is kept (as without gradsan); a failing step whose inputs it consumed
             # is reported by its bad outputs
             checker = self._checker = Checker(self._inner, background=False, keep_inputs=False)
-            # on an accelerator the flag is read one call late (after the next call is
-            # dispatched), so checking forces no sync per step; on the CPU reading it at once
-            # is cheaper (measured in benchmarks/bench_call_cost.py)
-            self._defer = getattr(hooks, "defer_flags", False) and _accelerated()
-        if not (checker.fused and checker.state.get("sized")) and _has_tracer((args, kwargs)):
+            # the flag is read one call late (after the next call is dispatched), so checking
+            # forces no sync per step; a failure names the call it belongs to, and a flag not
+            # read when the script ends or raises is read then (run_script)
+            self._defer = getattr(hooks, "defer_flags", False)
+            self._tracer = _tracer_type()
+        if (checker.fused is None or not checker.state.get("sized")) and _has_tracer(
+            (args, kwargs)
+        ):  # a call made while tracing passes straight through
             return self._inner(*args, **kwargs)
         out, flag, via = checker.start(args, kwargs)
         if isinstance(flag, _tracer_type()):  # a call made while tracing passes through
@@ -107,12 +134,15 @@ class Watched:
             _sanitize_jax(hooks, self, args, kwargs)
         if not ok:
             self._fail(args, kwargs, out, via, self._calls)
+        state = checker.state
+        if checker.fused is not None and via is checker.fused and state.get("sized"):
+            self._fast = checker.fused  # settled: later calls take the short path above
         return out
 
     def _settle(self, pending: tuple) -> None:
         """Read a deferred flag; report its call when it was not finite."""
         flag, args, kwargs, out, via, call = pending
-        if not _decided()(flag):
+        if not _read(flag):
             self._fail(args, kwargs, out, via, call)
 
     def flush(self) -> None:
@@ -165,16 +195,16 @@ def _decided() -> Callable[[Any], bool]:
     return _DECIDED[0]
 
 
+def _read(flag: Any) -> bool:
+    """The host value of a fused program's flag (a device array; waits for it). numpy's
+    read of a ready scalar costs half of ``Array.item()``'s checks."""
+    return bool(np.asarray(flag))
+
+
 def _tracer_type() -> type:
     import jax
 
     return jax.core.Tracer
-
-
-def _accelerated() -> bool:
-    import jax
-
-    return jax.default_backend() != "cpu"
 
 
 def _pending_of(hooks: Hooks) -> set:

@@ -927,6 +927,7 @@ def diagnose(
     blame: Blame = Blame(_Dataflow())
     groups: dict[int, tuple[Node, Node | Poison | None, list[OutputHit]]] = {}
     order: list[int] = []
+    seen: set[tuple] = set()
     for val, src, (label, kind) in zip(outs, out_srcs, out_labels):
         if src is None or _stat(src) == FINITE:
             continue
@@ -944,7 +945,8 @@ def diagnose(
                 order.append(key)
             elif origin.seq < groups[key][0].seq:
                 groups[key] = (origin, poison or groups[key][1], groups[key][2])
-            if hit not in groups[key][2]:
+            if (key, hit) not in seen:  # a set: thousands of outputs, not a list scan each
+                seen.add((key, hit))
                 groups[key][2].append(hit)
     order.sort(key=lambda k: groups[k][0].seq)
     merged: dict[tuple, Finding] = {}

@@ -23,7 +23,8 @@ FUSE_LIMIT = 128
 time grows superlinearly with the number of separate reductions (issue 17: a 1000-layer
 MLP's fused step compiled in 296 s against 84 s for the step alone; one reduction over the
 concatenated leaves compiled no faster here, 115 s against 124 s for 2000 leaves). The step
-then runs as it is and :func:`chunked_flag` checks its outputs."""
+then runs as it is and :func:`host_flag` checks its outputs (numpy on the CPU, nothing
+compiled; :func:`chunked_flag` elsewhere)."""
 
 CHUNK = 64
 

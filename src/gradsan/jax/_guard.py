@@ -19,14 +19,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._errors import NonFiniteError, UsageError
 from .._report import OutputHit, Report
+from . import _evalcache
 from ._call import check_callable
 from ._explain import diagnose
 from ._flags import (
     FUSE_LIMIT,
-    chunked_flag,
     finite_flag,
     float_leaves,
     host_flag,
@@ -51,7 +52,7 @@ def _decided(ok: Any) -> bool:
     if isinstance(ok, jax.core.Tracer):
         raise UsageError(_INSIDE)
     if isinstance(ok, jax.Array):
-        return bool(ok.item())  # about 100 us less than bool(array), which checks and profiles
+        return bool(np.asarray(ok))  # numpy's read: a few us less than ok.item()
     return bool(ok)
 
 
@@ -104,13 +105,18 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
             return hit[0]
 
     def with_flag(*args: Any, **kwargs: Any):
-        out = inner(*args, **kwargs)
+        # the jitted ``fun`` itself, not its Python function: its trace (cached by jax, also
+        # from :meth:`Checker._too_many`'s abstract evaluation) becomes one call in this
+        # program, so the step is traced once (a 1000-layer network: seconds), and XLA inlines
+        # it; a nested jit's donation is ignored (jax donates only at the outermost call)
+        out = fun(*args, **kwargs)
         return out, finite_flag(out)
 
     try:
         fused = jax.jit(functools.wraps(inner)(with_flag), **opts)
     except Exception:  # pragma: no cover - unusual jit options: fall back to a separate check
         return None
+    fused._gradsan_step = fun  # type: ignore[attr-defined]  # whose trace the fused one reuses
     if key is not None and ident is not None:
         _FUSED[key] = (fused, ident[1])
         if len(_FUSED) > _FUSED_MAX:
@@ -137,6 +143,46 @@ def _summary_report(fun: Callable, out: Any) -> Report:
         "run gradsan.jax.explain(step) on a copy of the inputs."
     )
     return report
+
+
+APPROX_AFTER = 500
+"""A replay that has dispatched this many equations to XLA one at a time evaluates the rest
+of its float matmuls, tanh, sums ... with numpy (``_evalcache.approximate``): a 1000-layer
+network's replay makes thousands of such dispatches, each 0.1-2 ms on a loaded CPU."""
+
+
+def _failure_counts(out: Any) -> list[tuple[int, int]]:
+    """(NaN count, Inf count) of each non-finite float leaf of ``out``, sorted."""
+    got = []
+    for _, x in nonfinite_leaves(out):
+        a = np.asarray(x)
+        got.append((int(np.isnan(a).sum()), int(np.isinf(a).sum())))
+    return sorted(got)
+
+
+def _replayed_counts(report: Report) -> list[tuple[int, int]]:
+    hits = {h.path: (h.nan, h.inf) for f in report.findings for h in f.outputs}
+    return sorted(hits.values())
+
+
+def _replay(fun: Callable, args: tuple, kwargs: dict, out: Any, trace_fun: Any) -> Report:
+    """The interpreter's report of the failed call. A large program (past ``APPROX_AFTER``
+    XLA dispatches) is replayed with numpy's float twins; that replay is kept only when it
+    reproduced the step's non-finite outputs leaf for leaf (how many NaN, how many Inf), and
+    says so in one line; otherwise the call is replayed again exactly."""
+    with _evalcache.approximate(APPROX_AFTER) as state:
+        report = diagnose(fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
+    if not state.approximated:
+        return report
+    if report.findings and _replayed_counts(report) == _failure_counts(out):
+        report.notes.append(
+            f"replayed with numpy for {state.approximated} of its float equations (matmuls, "
+            f"tanh, sums ... after the first {state.dispatched} XLA evaluated one at a time): "
+            "values can differ from XLA's in the last bits; the replay's NaN and Inf outputs "
+            "are the step's, leaf for leaf."
+        )
+        return report
+    return diagnose(fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
 
 
 def _abstract(tree: Any) -> Any:
@@ -180,7 +226,10 @@ class Checker:
         self.state: dict[str, Any] = {
             "compiled": None,
             "thread": None,
-            "use_jit": static or not background,
+            # donating with keep_inputs=False: every call through the fused jit, so one
+            # program donates and warns as jax does (not the step, then a background compile
+            # warning again from its thread)
+            "use_jit": static or not background or (self.donating and not keep_inputs),
         }
 
     def _compile_in_background(self, args: tuple, kwargs: dict) -> None:
@@ -199,10 +248,12 @@ class Checker:
 
     def _too_many(self, args: tuple, kwargs: dict) -> bool:
         """Whether the step has more float outputs than a fused flag compiles well with (read
-        from the fused program's abstract evaluation, whose trace its call reuses)."""
+        from the step's abstract evaluation, whose trace the fused program's call reuses)."""
         try:
-            # the fused jit's own trace (cached with it): a jit re-created per call pays none
-            shape = self.fused.eval_shape(*args, **kwargs)[0]  # type: ignore[union-attr]
+            # the step's own trace (cached by jax): the call that follows, fused or not,
+            # reuses it, and a jit re-created per call pays none
+            step: Any = getattr(self.fused, "_gradsan_step", self.fun)
+            shape = step.eval_shape(*args, **kwargs)
         except Exception:  # arguments it cannot take abstractly: fuse as before
             return False
         return len(float_leaves(shape)) > FUSE_LIMIT
@@ -226,7 +277,9 @@ class Checker:
                 self.fused = fused = None
         if fused is None:
             out = self.fun(*args, **kwargs)
-            return out, _decided(chunked_flag(out)), None
+            if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
+                raise UsageError(_INSIDE)
+            return out, host_flag(out), None
         compiled = state["compiled"]
         if compiled is not None and not state["use_jit"]:
             try:
@@ -278,7 +331,7 @@ class Checker:
         else:
             trace_fun = self.plain if self.plain is not self.fun else None
         try:
-            report = diagnose(self.fun, args, kwargs, who="guard", outputs=out, trace_fun=trace_fun)
+            report = _replay(self.fun, args, kwargs, out, trace_fun)
         except UsageError as e:  # a function the replay cannot trace: say why, keep the error
             report = _bad_outputs(self.fun, out)
             report.notes.append(f"the call could not be replayed: {e}")
