@@ -31,9 +31,13 @@ class Site:
     in_lambda: bool  # the node is inside a lambda or a comprehension
     parents: dict[int, ast.AST]
     aliases: dict[str, str]  # a name the module binds to a module or function -> its dotted path
+    # the source split as ast.get_source_segment splits it (once per file, not per segment)
+    split: list[str] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def segment(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.source, node) or ""
+        if self.split is None:
+            return ast.get_source_segment(self.source, node) or ""
+        return _segment(self.split, node)
 
     def parent(self, node: ast.AST) -> ast.AST | None:
         return self.parents.get(id(node))
@@ -95,6 +99,9 @@ def _bound(nodes: list[ast.stmt]) -> set[str]:
 
 
 def module_names(tree: ast.Module) -> set[str]:
+    for idx in _INDEX.values():
+        if idx.tree is tree:
+            return set(idx.names)
     return _bound(tree.body)
 
 
@@ -157,6 +164,66 @@ def parsed(file: str) -> tuple[str, ast.Module] | None:
     return src, tree
 
 
+@dataclasses.dataclass
+class _Index:
+    """What ``locate`` reads of a whole file, once per parsed tree (the tree is shared and never
+    changed): each node's parent, the expressions by their start, the module's aliases and
+    the names it binds."""
+
+    tree: ast.Module
+    parents: dict[int, ast.AST]
+    starts: dict[tuple[int, int], list[ast.expr]]  # (line, column) -> those nodes, walk order
+    aliases: dict[str, str]
+    names: frozenset[str]
+    split: list[str] | None
+
+
+_INDEX: dict[str, _Index] = {}
+
+
+def _splitlines(src: str) -> list[str] | None:
+    """The lines ``ast.get_source_segment`` cuts from (its own splitter, where it has one)."""
+    split = getattr(ast, "_splitlines_no_ff", None)
+    try:
+        return list(split(src)) if split is not None else None
+    except TypeError:
+        return None
+
+
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """``ast.get_source_segment(source, node) or ""`` from the source's split lines."""
+    try:
+        if node.end_lineno is None or node.end_col_offset is None:  # type: ignore[attr-defined]
+            return ""
+        lineno = node.lineno - 1  # type: ignore[attr-defined]
+        end_lineno = node.end_lineno - 1  # type: ignore[attr-defined]
+        col, end_col = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+    except AttributeError:
+        return ""
+    if end_lineno == lineno:
+        return lines[lineno].encode()[col:end_col].decode()
+    first = lines[lineno].encode()[col:].decode()
+    last = lines[end_lineno].encode()[:end_col].decode()
+    return "".join([first, *lines[lineno + 1 : end_lineno], last])
+
+
+def _index(file: str, src: str, tree: ast.Module) -> _Index:
+    hit = _INDEX.get(file)
+    if hit is not None and hit.tree is tree:
+        return hit
+    parents: dict[int, ast.AST] = {}
+    starts: dict[tuple[int, int], list[ast.expr]] = {}
+    for n in ast.walk(tree):
+        for c in ast.iter_child_nodes(n):
+            parents[id(c)] = n
+        if isinstance(n, ast.expr):
+            starts.setdefault((n.lineno, n.col_offset), []).append(n)
+    split = _splitlines(src)
+    idx = _Index(tree, parents, starts, _aliases(tree), frozenset(_bound(tree.body)), split)
+    _INDEX[file] = idx
+    return idx
+
+
 def locate(where: Frame | None) -> Site | None:
     """The site of ``where``: None when the frame has no column range or its file cannot be
     parsed or no expression sits exactly at that range."""
@@ -166,19 +233,12 @@ def locate(where: Frame | None) -> Site | None:
     if got is None:
         return None
     src, tree = got
-    parents: dict[int, ast.AST] = {}
+    idx = _index(where.file, src, tree)
+    parents = idx.parents
     best: ast.expr | None = None
-    for n in ast.walk(tree):
-        for c in ast.iter_child_nodes(n):
-            parents[id(c)] = n
-        if (
-            isinstance(n, ast.expr)
-            and n.lineno == where.line
-            and n.col_offset == where.column
-            and (
-                (n.end_lineno == where.line and n.end_col_offset == where.end_column)
-                or (n.end_lineno != where.line and best is None)
-            )
+    for n in idx.starts.get((where.line, where.column), ()):
+        if (n.end_lineno == where.line and n.end_col_offset == where.end_column) or (
+            n.end_lineno != where.line and best is None
         ):
             if best is None or (
                 best.end_lineno != where.line and n.end_lineno == where.line
@@ -210,5 +270,6 @@ def locate(where: Frame | None) -> Site | None:
         func=func if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) else None,
         in_lambda=in_lambda,
         parents=parents,
-        aliases=_aliases(tree),
+        aliases=dict(idx.aliases),
+        split=idx.split,
     )

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -151,6 +152,37 @@ def output_hit(path: str, t: torch.Tensor) -> OutputHit:
         inf = int(torch.isinf(t).sum())
         count = nan + inf
     return OutputHit(path=path, count=count, size=t.numel(), nan=nan, inf=inf)
+
+
+def _nonfinite_counts(ts: Sequence[torch.Tensor]) -> list[tuple[int, int] | None]:
+    """``(NaN count, Inf count)`` of each real float tensor, None where every element is finite
+    (``output_hit``'s counts, ``all_finite``'s verdict), for many tensors (every leaf's
+    gradient) with two syncs per dtype and device rather than several per tensor: a finite sum
+    proves a tensor finite; only the others are counted."""
+    out: list[tuple[int, int] | None] = [None] * len(ts)
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for i, t in enumerate(ts):
+        if t.numel():
+            groups.setdefault((t.dtype, t.device), []).append(i)
+    for idx in groups.values():
+        sums = torch.stack([ts[i].sum() for i in idx]).tolist()
+        maybe = [i for i, v in zip(idx, sums) if not math.isfinite(v)]
+        if not maybe:
+            continue
+        counts = torch.stack(
+            [c for i in maybe for c in (torch.isnan(ts[i]).sum(), torch.isinf(ts[i]).sum())]
+        ).tolist()
+        for j, i in enumerate(maybe):
+            nan, inf = counts[2 * j], counts[2 * j + 1]
+            out[i] = (nan, inf) if nan or inf else None  # (else the sum overflowed)
+    return out
+
+
+def _held(t: torch.Tensor, counts: tuple[int, int]) -> str:
+    """``_result(t)`` of a real tensor given its counts: NaN, else the sign of its infinities."""
+    if counts[0]:
+        return "nan"
+    return "inf" if bool((t == float("inf")).any()) else "-inf"
 
 
 def _scope(tag: Tag | None, paths: dict[int, str]) -> str:
@@ -363,9 +395,11 @@ class _Group:
     phase: str
     result: str
     outputs: list[OutputHit] = dataclasses.field(default_factory=list)
+    _paths: set[str] = dataclasses.field(default_factory=set, repr=False)
 
     def add(self, hit: OutputHit) -> None:
-        if all(o.path != hit.path for o in self.outputs):
+        if hit.path not in self._paths:  # the first hit of each path, in the order they came
+            self._paths.add(hit.path)
             self.outputs.append(hit)
 
 
@@ -386,8 +420,10 @@ def build_report(
     groups: dict[tuple[int, str], _Group] = {}
     order: list[tuple[int, str]] = []
 
-    def add(start: Event | External, phase: str, hit: OutputHit, result: str) -> None:
-        for root, poison, consumer in origins_of(tracer, start):
+    def add(
+        start: Event | External, phase: str, hit: OutputHit, result: str, found: Any = None
+    ) -> None:
+        for root, poison, consumer in origins_of(tracer, start) if found is None else found:
             k = (_root_key(root), phase)
             g = groups.get(k)
             if g is None:
@@ -417,23 +453,27 @@ def build_report(
         for p in m.parameters():
             leaves.setdefault(id(p), p)
     unexplained: list[OutputHit] = []
-    for t in leaves.values():
-        grad = t.grad
-        if grad is None or not grad.is_floating_point() or all_finite(grad):
+    with_grad = [
+        (t, t.grad) for t in leaves.values() if t.grad is not None and t.grad.is_floating_point()
+    ]
+    for (t, grad), counts in zip(with_grad, _nonfinite_counts([g for _, g in with_grad])):
+        if counts is None:
             continue
         producer = tracer.producer_of(grad)
-        hit = output_hit(namer.name(t), grad)
+        nan, inf = counts
+        hit = OutputHit(path=namer.name(t), count=nan + inf, size=grad.numel(), nan=nan, inf=inf)
         if producer is None:
             unexplained.append(hit)
             continue
-        for root, _, _ in origins_of(tracer, producer):
+        found = origins_of(tracer, producer)
+        for root, _, _ in found:
             if _root_key(root) in value_roots:  # the same origin already explains the loss
                 k = (_root_key(root), "value")
                 if k in groups:
                     groups[k].add(hit)
                 break
         else:
-            add(producer, "gradient", hit, _result(grad))
+            add(producer, "gradient", hit, _held(grad, counts), found)
     for k in order:
         g = groups[k]
         own = g.poison is g.root and isinstance(g.root, Event) and not g.root.form

@@ -44,8 +44,35 @@ def _nonfinite_all(ts: list[torch.Tensor], nan_in: bool = False) -> list[bool | 
         if all(t.dtype == dt and t.device == dev for t in ts):
             sums = (torch.stack([t.sum() for t in ts]) if len(ts) > 1 else ts[0].sum()).tolist()
             sums = sums if isinstance(sums, list) else [sums]
+            bad = [i for i, v in enumerate(sums) if not math.isfinite(v)]
+            if len(bad) > 1:
+                return _classify_all(ts, sums, bad, nan_in)
             return [_classify(t, v, nan_in) for t, v in zip(ts, sums)]
     return [nonfinite(t) for t in ts]
+
+
+def _classify_all(
+    ts: list[torch.Tensor], sums: list[float], bad: list[int], nan_in: bool
+) -> list[bool | None]:
+    """``_classify`` of each tensor, the exact checks of the non-finite sums in one stack (one
+    sync): a NaN sum asks ``isnan`` (unless ``nan_in``), a +-inf sum ``isinf``."""
+    out: list[bool | None] = [None] * len(ts)
+    ask_nan = [i for i in bad if sums[i] != sums[i] and not nan_in]
+    ask_inf = [i for i in bad if sums[i] == sums[i]]
+    checks = [torch.isnan(ts[i]).any() for i in ask_nan] + [
+        torch.isinf(ts[i]).any() for i in ask_inf
+    ]
+    flags = torch.stack(checks).tolist() if checks else []
+    has_nan = dict(zip(ask_nan, flags[: len(ask_nan)]))
+    has_inf = dict(zip(ask_inf, flags[len(ask_nan) :]))
+    for i in bad:
+        if i in has_inf:  # +-inf, or an overflow
+            out[i] = False if has_inf[i] else None
+        elif nan_in or has_nan[i]:  # NaN, or inf - inf
+            out[i] = True
+        else:
+            out[i] = False if bool(torch.isinf(ts[i]).any()) else None
+    return out
 
 
 def _tag_of(node: Any) -> Any:
