@@ -44,7 +44,10 @@ def key(t: torch.Tensor) -> Key:
 
 
 def is_float(t: torch.Tensor) -> bool:
-    return t.is_floating_point() or t.is_complex()
+    """A float tensor whose values can be read: not a ZeroTensor (the storage-less exact zero
+    a double backward makes, e.g. abs's second derivative; reading it in a dispatch mode
+    crashes torch), nor a meta tensor (torch's shape arithmetic for such zeros)."""
+    return (t.is_floating_point() or t.is_complex()) and not (t._is_zerotensor() or t.is_meta)
 
 
 def tensors_in(x: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -72,7 +75,7 @@ def nonfinite(t: torch.Tensor) -> bool | None:
         if bool(torch.isnan(t).any()):
             return True
         return False if bool(torch.isinf(t).any()) else None
-    if not t.is_floating_point() or t.numel() == 0:
+    if not t.is_floating_point() or t.numel() == 0 or t._is_zerotensor() or t.is_meta:
         return None
     s = t.sum().item()
     if math.isfinite(s):

@@ -98,6 +98,10 @@ _EXP = {"exp", "exp2", "sigmoid", "softmax", "expm1", "aten.exp", "aten.sigmoid"
 def has_zero(t: Any) -> bool:
     if not isinstance(t, torch.Tensor) or t.numel() == 0:
         return False
+    if t._is_zerotensor():  # an exact zero with no storage to read (a double backward's)
+        return True
+    if t.is_meta:  # a shape, no values
+        return False
     if t.layout == torch.strided and t.device.type in ("cpu", "cuda"):
         try:  # one kernel and no mask: the tracer asks this of every op's output
             return int(torch.count_nonzero(t)) < t.numel()
