@@ -630,14 +630,31 @@ def size_of(closed: Any) -> int | None:
         return None
 
 
+def _library_body(jaxpr: Any) -> bool:
+    """Whether a traced body is JAX's own (a ``custom_jvp`` of ``jax.nn``, ...): its trace
+    cache is keyed by a function the swap does not touch."""
+    import os
+
+    import jax
+
+    info = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None)
+    root = os.path.dirname(jax.__file__) + os.sep
+    return isinstance(info, str) and f" at {root}" in info
+
+
 def has_bodies(closed: Any) -> bool:
-    """Whether the program holds a traced body other than a ``jit``'s (True when unknown)."""
+    """Whether the program holds a traced body (scan, while, cond, remat, custom rules) other
+    than a ``jit``'s or JAX's own: JAX caches its trace by the Python function, so a fix swapped
+    into it (or into a function it calls) needs the caches cleared. True when unknown."""
     if closed is None:
         return True
     try:
         return any(
-            e.primitive.name not in ("pjit", "jit") and any(subjaxprs(v) for v in e.params.values())
+            not _library_body(sub)
             for e in all_eqns(closed.jaxpr)
+            if e.primitive.name not in ("pjit", "jit")
+            for v in e.params.values()
+            for sub in subjaxprs(v)
         )
     except Exception:
         return True
