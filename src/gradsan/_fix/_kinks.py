@@ -170,9 +170,20 @@ def _jax_check(f: Finding, box: tuple, adm: Any) -> Callable[..., tuple[str, str
 
 
 def _verify_jax(report: Report, todo: list[Finding], fun: Callable, args: tuple, kwargs: dict):  # type: ignore[no-untyped-def]
-    from ._verify import _leaves, _Program, _run, function_index, side_effects, verify_set
+    from ._verify import (
+        _leaves,
+        _Program,
+        _run,
+        function_index,
+        has_bodies,
+        side_effects,
+        size_of,
+        trace,
+        verify_set,
+    )
 
-    effects = side_effects(fun, args, kwargs)
+    closed = trace(fun, args, kwargs)
+    effects = side_effects(fun, args, kwargs, closed)
     if effects:
         for f in todo:
             _say(
@@ -182,6 +193,7 @@ def _verify_jax(report: Report, todo: list[Finding], fun: Callable, args: tuple,
             )
         return
     prog = _Program(fun, args, kwargs, "jax")
+    prog.size, prog.bodies = size_of(closed), has_bodies(closed)  # see _verify.verify
     if prog.info is None:
         for f in todo:
             _say(f, "sanitize was not given a jax.grad of a loss, so there is no gradient to check")

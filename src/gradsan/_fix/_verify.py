@@ -28,11 +28,13 @@ from typing import Any
 import numpy as np
 
 from .._report._records import Finding, FixProposal, Report
+from ._cost import REFERENCE_MAX_EQNS, Budget, all_eqns, equations, subjaxprs, too_large
 from ._edit import apply
 from ._site import locate, parsed
 
 MAX_FINDINGS = 5
 NO_GRADIENT = "certify finds no gradient at this point (the function jumps or leaves its domain)"
+TOO_LARGE = "too large"  # the reference's name when certify and nansafe would cost too much
 RTOL = 2e-4
 ATOL = 1e-6
 
@@ -248,6 +250,11 @@ class _Program:
 
             self.info = _compat.grad_info(fun)
         self._ref: tuple[list[np.ndarray] | None, str] | None = None
+        self.size: int | None = None  # equations one run executes (None: not traced)
+        # whether the program has scan / while / cond / remat / custom-rule bodies: JAX caches
+        # their traces by the Python function, so a swapped-in code needs its caches cleared
+        self.bodies = False
+        self.budget = Budget()
         self.base_value: list[np.ndarray] | None = None
         self.nearby = self._nearby()
         self.nearby_out: list[list[np.ndarray] | None] = []
@@ -301,9 +308,21 @@ class _Program:
         return _leaves(v)
 
     def reference(self) -> tuple[list[np.ndarray] | None, str]:
-        """The reference gradient at the failing point and its name, computed once."""
+        """The reference gradient at the failing point and its name, computed once (on the
+        original program: call it outside the swap, or inside ``self.original()``)."""
         if self._ref is None:
-            self._ref = self._reference()
+            if self.size is not None and self.size > REFERENCE_MAX_EQNS:
+                self._ref = None, TOO_LARGE  # certify and nansafe walk every equation
+            else:
+                self._ref = self._reference()
+        return self._ref
+
+    def original_reference(self) -> tuple[list[np.ndarray] | None, str]:
+        """``reference()`` from inside the swap: the original code is put back for it (only
+        the first time; it is cached)."""
+        if self._ref is None:
+            with self.original():
+                return self.reference()
         return self._ref
 
     def _reference(self) -> tuple[list[np.ndarray] | None, str]:
@@ -424,8 +443,20 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
         else:
             checked.append(f"value {_show(prog.base_value)} -> {_show(v)} as stated")
     grad = _leaves(prog.grad_part(out))
-    ref, ref_name = prog.reference()
-    if ref is not None:
+    ref, ref_name = prog.original_reference()
+    large = ""  # what stopped the gradient's comparison on a program too large to certify
+    if ref_name == TOO_LARGE:
+        fd = None
+        if not note:
+            with prog.original():
+                fd = prog.central_differences(grad)
+        if fd:
+            checked.append(f"gradient {_show(grad)} matches central differences")
+        elif fd is False:
+            return "failed", f"gradient {_show(grad)} disagrees with central differences"
+        else:
+            large = f"the fixed gradient {_show(grad)} is finite"
+    elif ref is not None:
         if not _close(grad, ref, rtol=1e-3):
             return "failed", f"gradient {_show(grad)} differs from {ref_name} {_show(ref)}"
         checked.append(f"gradient {_show(grad)} = {ref_name}")
@@ -466,6 +497,8 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
         if e is not None or not _close(_leaves(o), leaves, rtol=1e-3):
             return "failed", "the fix behaves differently under jax.jit"
         checked.append("under jit too")
+    if large:
+        return "unverified", too_large(prog.size, ", ".join([large, *checked]))
     return "verified", ", ".join(checked)
 
 
@@ -520,7 +553,9 @@ def verify_set(
             swaps.append((funcs, code))
     with contextlib.ExitStack() as stack:
         originals = [
-            stack.enter_context(swapped(funcs, code, "jax", _jitted_around(funcs, prog.outer)))
+            stack.enter_context(
+                swapped(funcs, code, "jax", prog.bodies or _jitted_around(funcs, prog.outer))
+            )
             for funcs, code in swaps
         ]
 
@@ -578,14 +613,59 @@ def verify_together(prog: _Program, report: Report) -> None:
                 )
 
 
-def side_effects(fun: Callable, args: tuple, kwargs: dict) -> str:
-    """The kinds of side effect the program makes when it runs (callbacks: ``io_callback``,
-    ``jax.debug.callback`` and ``print``), or "" (also when it cannot be traced here)."""
+def trace(fun: Callable, args: tuple, kwargs: dict) -> Any:
+    """The program's closed jaxpr, or None when it cannot be traced here."""
     import jax
 
     try:
-        closed = jax.make_jaxpr(fun)(*args, **kwargs)
+        return jax.make_jaxpr(fun)(*args, **kwargs)
     except Exception:  # the verification's own run says what is wrong
+        return None
+
+
+def size_of(closed: Any) -> int | None:
+    try:
+        return equations(closed) if closed is not None else None
+    except Exception:  # an equation gradsan cannot size: no limit from it
+        return None
+
+
+def _library_body(jaxpr: Any) -> bool:
+    """Whether a traced body is JAX's own (a ``custom_jvp`` of ``jax.nn``, ...): its trace
+    cache is keyed by a function the swap does not touch."""
+    import os
+
+    import jax
+
+    info = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None)
+    root = os.path.dirname(jax.__file__) + os.sep
+    return isinstance(info, str) and f" at {root}" in info
+
+
+def has_bodies(closed: Any) -> bool:
+    """Whether the program holds a traced body (scan, while, cond, remat, custom rules) other
+    than a ``jit``'s or JAX's own: JAX caches its trace by the Python function, so a fix swapped
+    into it (or into a function it calls) needs the caches cleared. True when unknown."""
+    if closed is None:
+        return True
+    try:
+        return any(
+            not _library_body(sub)
+            for e in all_eqns(closed.jaxpr)
+            if e.primitive.name not in ("pjit", "jit")
+            for v in e.params.values()
+            for sub in subjaxprs(v)
+        )
+    except Exception:
+        return True
+
+
+def side_effects(fun: Callable, args: tuple, kwargs: dict, closed: Any = None) -> str:
+    """The kinds of side effect the program makes when it runs (callbacks: ``io_callback``,
+    ``jax.debug.callback`` and ``print``), or "" (also when it cannot be traced here)."""
+    if closed is None:
+        closed = trace(fun, args, kwargs)
+    if closed is None:
         return ""
 
     def word(e: Any) -> str:
@@ -619,7 +699,8 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
 
         verify_torch(report, fun, args, kwargs)
         return
-    effects = side_effects(fun, args, kwargs)
+    closed = trace(fun, args, kwargs)
+    effects = side_effects(fun, args, kwargs, closed)
     if effects:  # running the program again would repeat them: the fixes stay unverified
         for f in todo:
             for p in f.fixes:
@@ -631,8 +712,8 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
             f.suggestions = render_suggestions(f.fixes)
         return
     prog = _Program(fun, args, kwargs, backend)
+    prog.size, prog.bodies = size_of(closed), has_bodies(closed)
     prog.base_value = prog.loss_value(args)
-    prog.reference()  # computed on the original program, before any fix is swapped in
     prog.index = function_index({p.file for f in todo for p in f.fixes if p.file})
     for pt in prog.nearby:
         o, e = _run(fun, pt, kwargs)
@@ -645,13 +726,22 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
         for p in f.fixes:
             if p.code is None:
                 continue
+            if prog.budget.exhausted():  # the checks so far took the report's budget
+                p.status, p.checked = (
+                    "unverified",
+                    too_large(
+                        prog.size, f"gradsan stopped checking after {prog.budget.spent():.0f} CPU-s"
+                    ),
+                )
+                continue
             try:
                 p.status, p.checked = verify_one(prog, f, p, others)  # type: ignore[assignment]
             except Exception as e:  # gradsan's own failure to check: say so, never crash
                 p.status, p.checked = "unverified", f"gradsan could not run it ({type(e).__name__})"
         f.fixes.sort(key=lambda p: _RANK[p.status])
     try:
-        verify_together(prog, report)
+        if not prog.budget.exhausted():
+            verify_together(prog, report)
     except Exception:  # gradsan's own failure: the fixes keep their single verdicts
         pass
     for f in todo:
