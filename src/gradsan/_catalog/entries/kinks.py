@@ -529,9 +529,9 @@ ACTIVATION_CORNER = Singularity(
     ),
     subdifferential="the interval between the two one-sided slopes",
     conventions={
-        "jax": "jax.nn.leaky_relu, elu, selu and hard_swish are jnp.where selections "
-        "(where-at-boundary): grad(jax.nn.leaky_relu)(0.) = 1.0, grad(jax.nn.elu(x, 0.5)) at 0 "
-        "= 0.5; grad(jax.nn.hard_swish) at -3 = 0.0, at 3 = 1.0",
+        "jax": "jax.nn.leaky_relu, elu and selu are jnp.where selections (where-at-boundary): "
+        "grad(jax.nn.leaky_relu)(0.) = 1.0, grad(lambda x: jax.nn.elu(x, 0.5))(0.) = 0.5; "
+        "hard_swish is relu6 (a custom_jvp): 0.0 at -3, 1.0 at 3",
         "torch": "F.leaky_relu(x, 0.1) gives 0.1 at 0, F.elu(x, 0.5) 0.5, F.selu 1.7581 "
         "(scale * alpha); F.hardswish 0.0 at -3 and 1.0 at 3; F.hardsigmoid 0.0 at both",
     },
@@ -539,9 +539,10 @@ ACTIVATION_CORNER = Singularity(
         "The fused activations are piecewise: leaky_relu and elu/selu change slope at 0, "
         "hardswish and hardsigmoid at -3 and 3. Each is Lipschitz there and every value "
         "between the two one-sided slopes is a valid subgradient; the kernel returns one of "
-        "them (PyTorch takes the left slope at 0, JAX's where the right one), so an input "
-        "sitting exactly on a corner (zero-initialized biases, quantized inputs, a padded "
-        "zero) gets a gradient that depends on the framework."
+        "them (PyTorch takes the left slope at 0; JAX the right one for leaky_relu, the "
+        "left one for elu and selu), so an input sitting exactly on a corner "
+        "(zero-initialized biases, quantized inputs, a padded zero) gets a gradient that "
+        "depends on the framework."
     ),
     fixes=(
         Fix(
