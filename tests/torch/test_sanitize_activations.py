@@ -116,3 +116,21 @@ def test_corner_feeding_the_loss_among_others():
     (f,) = report.findings
     assert f.catalog_id == "activation-corner" and f.where.line == line_of("the model")
     assert f.count == 8 and float(f.detail.value) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [torch.nn.ReLU6(inplace=True), torch.nn.Hardswish(inplace=True), torch.nn.LeakyReLU(0.1, True)],
+    ids=["ReLU6", "Hardswish", "LeakyReLU"],
+)
+def test_in_place_activation_is_said_not_checked(module):
+    """The call overwrites its input: the corner cannot be read (values below 0 become 0 in
+    relu6, -3 becomes 0 in hardswish), so nothing is flagged from the output and one line
+    says so, at the user's line."""
+    x = torch.tensor([-3.0, 0.0, 7.0], requires_grad=True)
+    with gst.sanitize() as report:
+        module(x * 1.0).sum().backward()  # in place
+    assert report.findings == []
+    (note,) = report.notes
+    assert "1 in-place activation call(s) not checked" in note
+    assert f":{line_of('in place')} " in note

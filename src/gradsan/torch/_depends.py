@@ -56,6 +56,11 @@ UNCHECKED_NOTE = (
     "whether its gradient depends on them"
 )
 
+INPLACE_NOTE = (
+    "{n} in-place activation call(s) not checked for a corner: the call overwrote its input "
+    "before gradsan could read it ({where}); call it with inplace=False to check it"
+)
+
 _JUMPS: dict[str, Any] = {"floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc}
 _CMP: dict[str, Any] = {">": np.greater, ">=": np.greater_equal, "<": np.less, "<=": np.less_equal}
 

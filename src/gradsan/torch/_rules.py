@@ -341,10 +341,12 @@ def activation_params(name: str, a: Sequence[Any], kwargs: dict) -> dict:
 
 
 def is_inplace(name: str, a: Sequence[Any], kwargs: dict) -> bool:
-    """Whether a fused activation call writes its input (``inplace=True``)."""
+    """Whether a fused activation call writes its input (``inplace=True``, or ``elu_``)."""
     got = _ACTIVATIONS.get(name.rstrip("_"))
     if got is None:
         return False
+    if name.endswith("_"):
+        return True
     return bool(kwargs.get("inplace", a[got[0]] if len(a) > got[0] else False))
 
 

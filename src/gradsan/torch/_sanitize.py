@@ -253,6 +253,7 @@ class _KinkTracer(_EagerTracer):
         super().__init__(kinks=kinks)
         self.checker = _depends.Checker()
         self.recorded: list[tuple[Tag, Kink, _depends.Check | None]] = []
+        self.inplace: list[Tag] = []  # in-place activations: their input is gone
 
     higher_order = False  # a backward with create_graph=True ran (a gradient penalty)
 
@@ -270,6 +271,9 @@ class _KinkTracer(_EagerTracer):
         if len(self.kink_hits) <= n:
             return
         tag, nm, (operands, params) = self.kink_hits.pop()
+        if _rules.is_inplace(nm, args, kwargs):
+            self.inplace.append(tag)  # the operand now holds the output: not readable
+            return
         outs = out if isinstance(out, tuple) else (out,)
         first = outs[0] if outs else None
         if isinstance(first, torch.Tensor) and first.dtype.is_floating_point:
@@ -334,3 +338,7 @@ class sanitize(explain):
             self.report.notes.append(text)
         if unchecked and recorded:
             self.report.notes.append(_depends.UNCHECKED_NOTE.format(fn=self.report.function))
+        skipped = tracer.inplace if isinstance(tracer, _KinkTracer) else []
+        if skipped:
+            where = ", ".join(dict.fromkeys(f"{t.name} at {t.frame}" for t in skipped))
+            self.report.notes.append(_depends.INPLACE_NOTE.format(n=len(skipped), where=where))
