@@ -68,3 +68,13 @@ def test_slopes_that_agree_at_the_corner_are_counted_not_flagged(act):
     assert report.findings == []
     (note,) = report.notes
     assert "checked and left out" in note
+
+
+@pytest.mark.parametrize("x0", [0.0, 6.0], ids=["at 0", "at 6"])
+def test_relu6_value_is_its_custom_rules(x0):
+    """relu6 = min(max(x, 0), 6) under a custom_jvp: the value reported is JAX's gradient
+    (the rule's: 0.0 at both corners), not the inner max/min's tie split (0.5)."""
+    report = _sanitize(jax.nn.relu6, [x0, 1.0, 2.0])
+    (f,) = report.findings
+    assert float(f.detail["value"]) == float(jax.grad(jax.nn.relu6)(x0)) == 0.0
+    assert "custom_jvp rule" in f.detail["rule"]
