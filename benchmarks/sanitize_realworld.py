@@ -490,6 +490,56 @@ def _():
     return _tsan(f)
 
 
+def _tact_mlp(act):
+    torch, _ = _t()
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 4)
+    with torch.no_grad():
+        lin.bias.zero_()
+    net = torch.nn.Sequential(lin, act, torch.nn.Linear(4, 1))
+    return _tsan(lambda: net(torch.zeros(2, 3)).sum())  # L:torch-act
+
+
+@program(
+    "LeakyReLU MLP at 0",
+    "torch",
+    "kink",
+    "nn.LeakyReLU on a zero input, zero bias (slopes 0.01 and 1)",
+    "activation-corner",
+    "torch-act",
+)
+def _():
+    torch, _ = _t()
+    return _tact_mlp(torch.nn.LeakyReLU())
+
+
+@program(
+    "SELU MLP at 0", "torch", "kink", "nn.SELU (slopes 1.05 and 1.76)", "activation-corner",
+    "torch-act",
+)  # fmt: skip
+def _():
+    torch, _ = _t()
+    return _tact_mlp(torch.nn.SELU())
+
+
+@program("ELU(1) MLP at 0", "torch", "clean", "nn.ELU() is C^1 at 0")
+def _():
+    torch, _ = _t()
+    return _tact_mlp(torch.nn.ELU())
+
+
+@program("MobileNetV3 block", "torch", "clean", "nn.Hardswish, nn.Hardsigmoid, F.relu6 off corners")
+def _():
+    torch, _ = _t()
+    import torch.nn.functional as F
+
+    def f():
+        x = _R([[-2.5, -0.5, 1.0, 4.0]])
+        return (F.hardswish(x) * torch.nn.Hardsigmoid()(x) + F.relu6(2 * x)).sum()
+
+    return _tsan(f)
+
+
 @program("frozen relu (no grad)", "torch", "clean", "requires_grad=False input")
 def _():
     torch, _ = _t()

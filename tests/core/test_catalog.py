@@ -162,6 +162,7 @@ CASES: list[tuple[str, list, list, dict, str]] = [
     ("log_softmax", [["-inf", "-inf"]], [["-inf", 0.0]], {}, "softmax-all-neg-inf"),
     ("abs", [0.0], ["tiny"], {}, "abs-at-zero"),
     ("relu", [0.0], ["tiny"], {}, "relu-at-zero"),
+    ("activation", [0.0], ["tiny"], {"fn": "leaky_relu", "negative_slope": 0.1}, "activation-corner"),
     ("sign", [0.0], ["tiny"], {}, "sign-at-zero"),
     ("max", [1.0, 1.0], [1.0, "1+"], {}, "max-tie"),
     ("min", [1.0, 1.0], [1.0, "1-"], {}, "max-tie"),

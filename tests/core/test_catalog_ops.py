@@ -64,9 +64,9 @@ def test_jax_sanitize_sets():
     rules = pytest.importorskip("gradsan.jax._rules")
     assert sanitize.TIES is _ops.TIES
     assert set(rules.COMPARISONS) == _ops.COMPARISONS
-    # KINK_OPS maps lax names onto canonical ops: relu and hypot are composites in lax, and
-    # where is reached through select_n
-    assert set(rules.KINK_OPS.values()) == _ops.KINKS - {"relu", "hypot", "where"}
+    # KINK_OPS maps lax names onto canonical ops: relu, hypot and the fused activations are
+    # composites in lax, and where is reached through select_n
+    assert set(rules.KINK_OPS.values()) == _ops.KINKS - {"relu", "activation", "hypot", "where"}
     for lax_name, op in rules.KINK_OPS.items():
         assert lax_name == op or (lax_name, op) in {
             ("convert_element_type", "trunc"),
@@ -99,7 +99,7 @@ def test_torch_kink_ops():
     rules = pytest.importorskip("gradsan.torch._rules")
     assert rules.KINK_OPS == {
         "abs", "relu", "max", "min", "reduce_max", "reduce_min", "argmax", "sort", "top_k",
-        "clamp", "sign", "floor", "ceil", "round", "atan2", "select_n", "det",
+        "clamp", "sign", "floor", "ceil", "round", "atan2", "select_n", "det", "activation",
     }  # fmt: skip
     assert set(rules.FUNC_OPS.values()) - {"select_n"} <= known_ops()
 

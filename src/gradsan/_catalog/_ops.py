@@ -15,7 +15,19 @@ from __future__ import annotations
 
 # Library functions that are one op in PyTorch (or in the catalog) but a composite in lax.
 LIBRARY: frozenset[str] = frozenset(
-    {"relu", "hypot", "xlogy", "norm", "std", "var", "logsumexp", "softmax", "log_softmax", "det"}
+    {
+        "relu",
+        "activation",  # PyTorch's fused piecewise activations (leaky_relu, elu, hardswish, ...)
+        "hypot",
+        "xlogy",
+        "norm",
+        "std",
+        "var",
+        "logsumexp",
+        "softmax",
+        "log_softmax",
+        "det",
+    }
 )
 
 # ---- where the value or the derivative is non-finite at a finite input --------------------
@@ -117,6 +129,7 @@ CONTINUOUS_KINKS: frozenset[str] = frozenset(
     {
         "abs",
         "relu",
+        "activation",
         "i0e",
         "max",
         "min",

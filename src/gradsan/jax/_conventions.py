@@ -165,6 +165,19 @@ def _fmt(v: Any) -> str:
     return format_value(np.asarray(v, np.float64))
 
 
+def _custom_one(k: Kink, shape: tuple) -> bool:
+    """A binary max/min with one operand moving, inside a custom_jvp call of one input of the
+    kink's shape (relu6 = min(max(x, 0), 6) under its own rule)."""
+    custom = k.scope.custom
+    return (
+        custom is not None
+        and custom[0].primitive.name == "custom_jvp_call"
+        and sum(bool(d) for d in k.deps[:2]) == 1
+        and len(custom[1]) == 1
+        and np.shape(custom[1][0]) == tuple(shape)
+    )
+
+
 def convention(k: Kink) -> dict[str, Any]:
     """The value JAX's rule returned at the first hit, whether it is admissible, and notes."""
     invals = cast(list, k.invals)  # None only for a where, which does not read it
@@ -200,6 +213,17 @@ def convention(k: Kink) -> dict[str, Any]:
                     "the function jumps here: the gradient through it is blocked (0), "
                     "which is no subgradient"
                 )
+        elif op in ("max", "min") and _custom_one(k, shape):
+            # a max/min with a constant inside a custom_jvp (jax.nn.relu6, hard_swish): JAX's
+            # gradient is the rule's, not the primitive's tie split
+            custom = k.scope.custom
+            val = float(_at(_jvp_wrt(custom[0], list(custom[1]), 0)[0], idx, shape))
+            call = custom[0].params.get("call_jaxpr")
+            info = getattr(getattr(call, "jaxpr", None), "debug_info", None)
+            name = getattr(info, "func_name", "") or ""
+            d["value"] = _fmt(val)
+            d["rule"] = f"the custom_jvp rule of the enclosing function ({name or 'custom_jvp'})"
+            d["admissible"] = bool(0 <= val <= 1)
         elif op in ("max", "min"):
             vals = [float(_at(_jvp_wrt(k.eqn, invals, i)[0], idx, shape)) for i in (0, 1)]
             d["value"] = "(" + ", ".join(_fmt(v) for v in vals) + ")"

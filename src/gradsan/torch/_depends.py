@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._catalog.entries.kinks import activation_corners
 from ._compat import in_functorch
-from ._rules import COMPARISONS
+from ._rules import COMPARISONS, activation_params, is_inplace
 
 DIRECTIONS = 2
 _EPS = 64 * float(np.finfo(np.float32).eps)
@@ -53,6 +54,11 @@ CHECKED_NOTE = (
 UNCHECKED_NOTE = (
     "{fn} differentiates a gradient (create_graph=True): its kinks are listed without checking "
     "whether its gradient depends on them"
+)
+
+INPLACE_NOTE = (
+    "{n} in-place activation call(s) not checked for a corner: the call overwrote its input "
+    "before gradsan could read it ({where}); call it with inplace=False to check it"
 )
 
 _JUMPS: dict[str, Any] = {"floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc}
@@ -243,7 +249,8 @@ class Checker:
         if fout is None or not fout.dtype.is_floating_point or not fout.requires_grad:
             return None  # no gradient flows through it
         undecided = Check(None)
-        if name.endswith("_") or getattr(tracer, "_dmode_on", False) or in_functorch():
+        inplace = name.endswith("_") or is_inplace(name, args, kwargs)
+        if inplace or getattr(tracer, "_dmode_on", False) or in_functorch():
             return undecided  # in place, recomputed in backward, a transform's tensors
         try:
             with np.errstate(all="ignore"):
@@ -293,6 +300,8 @@ class Checker:
             return res, None
         if op == "clamp":
             return self._clamp(name, a, kwargs, out), None
+        if op == "activation":
+            return self._activation(name, a, kwargs, out), None
         if op in ("reduce_max", "reduce_min"):
             return self._reduce(op, a, kwargs, outs)
         if op in ("sort", "top_k"):
@@ -362,6 +371,8 @@ class Checker:
         if name == "hardtanh":
             lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
             hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
+        elif name == "relu6":
+            lo, hi = 0.0, 6.0
         else:
             lo = kwargs.get("min", a[1] if len(a) > 1 else None)
             hi = kwargs.get("max", a[2] if len(a) > 2 else None)
@@ -389,6 +400,30 @@ class Checker:
                     os = np.where(xb == lob, np.maximum(os, s * tlo), os)
                 if hib is not None:
                     os = np.where(xb == hib, np.minimum(os, s * thi), os)
+                res.append(_delta(mask, os, s * tout))
+        return res
+
+    def _activation(self, name: str, a: list, kwargs: dict, out: torch.Tensor) -> list | None:
+        """A fused activation at a corner: the one-sided slope (the catalog's) times the
+        operand's tangent, minus the output tangent PyTorch's rule gives."""
+        x = a[0] if a else kwargs.get("input")
+        params = activation_params(name, [x, *a[1:]], kwargs)
+        corners = activation_corners(params["fn"], params)
+        tans = self.tangents([x, out])
+        if tans is None:
+            return None
+        xn = _np(x)
+        res = []
+        for tx, tout in tans:
+            tx = np.broadcast_to(tx, xn.shape)
+            for s in (1.0, -1.0):
+                t = s * tx
+                mask = np.zeros(xn.shape, bool)
+                os = np.zeros(xn.shape)
+                for c, left, right in corners:
+                    at = xn == c
+                    mask |= at
+                    os = np.where(at, np.where(t > 0, right * t, left * t), os)
                 res.append(_delta(mask, os, s * tout))
         return res
 

@@ -81,6 +81,18 @@ FUNC_OPS: dict[str, str] = {
     "clamp_min": "clamp",
     "clamp_max": "clamp",
     "hardtanh": "clamp",
+    "relu6": "clamp",
+    # the fused piecewise activations (their corners: _catalog.entries.kinks)
+    "leaky_relu": "activation",
+    "leaky_relu_": "activation",
+    "elu": "activation",
+    "elu_": "activation",
+    "selu": "activation",
+    "selu_": "activation",
+    "hardswish": "activation",
+    "hardswish_": "activation",
+    "hardsigmoid": "activation",
+    "hardsigmoid_": "activation",
     "floor": "floor",
     "ceil": "ceil",
     "round": "round",
@@ -280,7 +292,11 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
         if name == "hardtanh":
             lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
             hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
+        if name == "relu6":
+            lo, hi = 0.0, 6.0
         return [lo, a[0], hi], {}
+    if op == "activation":
+        return a[:1], activation_params(name, a, kwargs)
     if op in ("reduce_max", "reduce_min", "sort", "top_k", "argmax"):
         params = {}
         dim = kwargs.get("dim", a[1] if len(a) > 1 and isinstance(a[1], int) else None)
@@ -298,6 +314,40 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
     if op == "select_n":
         return a[:3], {}
     return a[:1], {}
+
+
+# positional index of the ``inplace`` flag, and the slope parameter (name, index, default)
+_ACTIVATIONS: dict[str, tuple[int, tuple[str, int, float] | None]] = {
+    "leaky_relu": (2, ("negative_slope", 1, 0.01)),
+    "elu": (2, ("alpha", 1, 1.0)),
+    "selu": (1, None),
+    "hardswish": (1, None),
+    "hardsigmoid": (1, None),
+    "relu6": (1, None),
+    "hardtanh": (3, None),
+}
+
+
+def activation_params(name: str, a: Sequence[Any], kwargs: dict) -> dict:
+    """A fused activation's params for the catalog: ``fn`` (its name without a trailing
+    ``_``), its slope parameter, and ``inplace``."""
+    fn = name.rstrip("_")
+    pos, slope = _ACTIVATIONS.get(fn, (len(a), None))
+    params: dict = {"fn": fn, "inplace": name.endswith("_") or is_inplace(name, a, kwargs)}
+    if slope is not None:
+        key, i, default = slope
+        params[key] = float(kwargs.get(key, a[i] if len(a) > i else default))
+    return params
+
+
+def is_inplace(name: str, a: Sequence[Any], kwargs: dict) -> bool:
+    """Whether a fused activation call writes its input (``inplace=True``, or ``elu_``)."""
+    got = _ACTIVATIONS.get(name.rstrip("_"))
+    if got is None:
+        return False
+    if name.endswith("_"):
+        return True
+    return bool(kwargs.get("inplace", a[got[0]] if len(a) > got[0] else False))
 
 
 def node_operands(node: Any) -> tuple[str | None, list[Any], dict]:

@@ -8,10 +8,12 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .. import _catalog
 from .._catalog import _classify
 from .._catalog._types import CONVENTION_KINDS, Admissible
+from .._catalog.entries.kinks import activation_corners, corner_interval
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
@@ -120,7 +122,7 @@ _WHERE = _catalog.by_op("where")[0].id
 # the library conventions) are reported as the convention they are
 _CHECKED_OPS = frozenset(
     {"abs", "relu", "max", "min", "reduce_max", "reduce_min", "clamp", "sort", "top_k"}
-    | {"floor", "ceil", "round", "select_n"}
+    | {"floor", "ceil", "round", "select_n", "activation"}
 )
 
 
@@ -135,7 +137,9 @@ def _scalar_grads(fn: Any, values: list[float]) -> list[float] | None:
         return None
 
 
-def _with_value(ev: Kink, op: str | None, name: str, operands: list, kwargs: dict) -> Kink:
+def _with_value(
+    ev: Kink, op: str | None, name: str, operands: list, kwargs: dict, params: dict | None = None
+) -> Kink:
     """The kink with PyTorch's derivative at its first hit and whether it lies in the entry's
     admissible set (abs, relu, maximum/minimum, clamp, and max/min/amax/amin reductions)."""
     if op in ("reduce_max", "reduce_min"):
@@ -158,13 +162,42 @@ def _with_value(ev: Kink, op: str | None, name: str, operands: list, kwargs: dic
         g = _scalar_grads(torch.maximum if op == "max" else torch.minimum, vals[:2])  # type: ignore[arg-type]
     elif op == "clamp" and len(vals) == 3:
         lo, x, hi = vals
-        g = _scalar_grads(lambda t: torch.clamp(t, lo, hi), [x])  # type: ignore[list-item]
+        if name == "hardtanh":  # its own rule: 0 at both bounds (clamp's is 1)
+            g = _scalar_grads(lambda t: F.hardtanh(t, lo, hi), [x])  # type: ignore[arg-type,list-item]
+        elif name == "relu6":
+            g = _scalar_grads(F.relu6, [x])  # type: ignore[list-item]
+        else:
+            g = _scalar_grads(lambda t: torch.clamp(t, lo, hi), [x])  # type: ignore[list-item]
+    elif op == "activation" and vals and vals[0] is not None:
+        return _activation_value(ev, vals[0], params or {})
     if g is None or adm is None:
         return ev
     value = _conventions._fmt(g if len(g) > 1 else g[0])
     return dataclasses.replace(
         ev, admissible=adm.contains(g, tol=1e-9), facts={**dict(ev.facts), "value": value}
     )
+
+
+def _activation_value(ev: Kink, x: float, params: dict) -> Kink:
+    """A fused activation at a corner: PyTorch's derivative there, against the interval
+    between the catalog's two one-sided slopes at that corner (``params`` as
+    :func:`gradsan.torch._rules.activation_params` reads them)."""
+    fn = params.get("fn", "")
+    at = corner_interval(activation_corners(fn, params), x)
+    if at is None:
+        return ev
+    extra = {k: params[k] for k in ("negative_slope", "alpha") if k in params}
+    g = _scalar_grads(lambda t: getattr(F, fn)(t, **extra), [x])
+    if g is None:
+        return ev
+    lo, hi = at
+    adm = Admissible.interval(lo, hi, f"[{lo:.6g}, {hi:.6g}]")
+    facts = {
+        **dict(ev.facts),
+        "value": _conventions._fmt(g[0]),
+        "subdifferential": f"[{lo:.6g}, {hi:.6g}] (the one-sided slopes of {fn} at {x:g})",
+    }
+    return dataclasses.replace(ev, admissible=adm.contains(g, tol=1e-9), facts=facts)
 
 
 def _shape(operands: list) -> tuple:
@@ -220,6 +253,7 @@ class _KinkTracer(_EagerTracer):
         super().__init__(kinks=kinks)
         self.checker = _depends.Checker()
         self.recorded: list[tuple[Tag, Kink, _depends.Check | None]] = []
+        self.inplace: list[Tag] = []  # in-place activations: their input is gone
 
     higher_order = False  # a backward with create_graph=True ran (a gradient penalty)
 
@@ -237,6 +271,9 @@ class _KinkTracer(_EagerTracer):
         if len(self.kink_hits) <= n:
             return
         tag, nm, (operands, params) = self.kink_hits.pop()
+        if _rules.is_inplace(nm, args, kwargs):
+            self.inplace.append(tag)  # the operand now holds the output: not readable
+            return
         outs = out if isinstance(out, tuple) else (out,)
         first = outs[0] if outs else None
         if isinstance(first, torch.Tensor) and first.dtype.is_floating_point:
@@ -246,7 +283,7 @@ class _KinkTracer(_EagerTracer):
         if ev is None:
             return
         if ev.library is None and ev.admissible is None:
-            ev = _with_value(ev, tag.op, nm, list(operands), kwargs)
+            ev = _with_value(ev, tag.op, nm, list(operands), kwargs, dict(params))
         check = None
         if ev.library is None and tag.op in _CHECKED_OPS:
             check = self.checker.check(self, nm, tag.op, args, kwargs, out)
@@ -301,3 +338,7 @@ class sanitize(explain):
             self.report.notes.append(text)
         if unchecked and recorded:
             self.report.notes.append(_depends.UNCHECKED_NOTE.format(fn=self.report.function))
+        skipped = tracer.inplace if isinstance(tracer, _KinkTracer) else []
+        if skipped:
+            where = ", ".join(dict.fromkeys(f"{t.name} at {t.frame}" for t in skipped))
+            self.report.notes.append(_depends.INPLACE_NOTE.format(n=len(skipped), where=where))

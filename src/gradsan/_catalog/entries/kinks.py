@@ -478,6 +478,89 @@ I0E_AT_ZERO = Singularity(
     admissible=Admissible.interval(-1, 1),
 )
 
+# One-sided slopes at the corners of the fused activations: fn -> (params -> corners), each
+# corner (x, slope left of x, slope right of x). Only corners whose slopes differ are kinks
+# (elu with alpha == 1 meets C^1 at 0; celu always does).
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def activation_corners(fn: str, params: Any) -> tuple[tuple[float, float, float], ...]:
+    """The corners of the activation ``fn`` (``leaky_relu``, ``elu``, ``selu``, ``hardswish``,
+    ``hardsigmoid``) with its parameters (``negative_slope``, ``alpha``): (x, left, right)
+    for every corner where the one-sided slopes differ."""
+    got: tuple[tuple[float, float, float], ...]
+    if fn == "leaky_relu":
+        got = ((0.0, float(params.get("negative_slope", 0.01)), 1.0),)
+    elif fn == "elu":
+        got = ((0.0, float(params.get("alpha", 1.0)), 1.0),)
+    elif fn == "selu":
+        got = ((0.0, SELU_SCALE * SELU_ALPHA, SELU_SCALE),)
+    elif fn == "hardswish":  # x relu6(x + 3) / 6
+        got = ((-3.0, 0.0, -0.5), (3.0, 1.5, 1.0))
+    elif fn == "hardsigmoid":  # relu6(x + 3) / 6
+        got = ((-3.0, 0.0, 1 / 6), (3.0, 1 / 6, 0.0))
+    else:
+        return ()
+    return tuple(c for c in got if c[1] != c[2])
+
+
+def corner_interval(corners: Any, x: float) -> tuple[float, float] | None:
+    """The Clarke subdifferential [min, max] of the one-sided slopes at the corner ``x``."""
+    for at, left, right in corners:
+        if at == x:
+            return (min(left, right), max(left, right))
+    return None
+
+
+ACTIVATION_CORNER = Singularity(
+    id="activation-corner",
+    op="activation",
+    kind="kink",
+    title="a piecewise activation at its corner: the gradient is a convention",
+    singular_set=(
+        "leaky_relu, elu (alpha != 1) and selu at x == 0; hardswish and hardsigmoid at "
+        "x == -3 and x == 3 (relu6 and hardtanh are clip-at-bound)"
+    ),
+    derivative=(
+        "one slope on each side of the corner: leaky_relu negative_slope | 1, elu alpha | 1, "
+        "selu scale * alpha | scale at 0; hardswish 0 | -1/2 at -3 and 3/2 | 1 at 3; "
+        "hardsigmoid 0 | 1/6 at -3 and 1/6 | 0 at 3; no derivative at the corner"
+    ),
+    subdifferential="the interval between the two one-sided slopes",
+    conventions={
+        "jax": "jax.nn.leaky_relu, elu and selu are jnp.where selections (where-at-boundary): "
+        "grad(jax.nn.leaky_relu)(0.) = 1.0, grad(lambda x: jax.nn.elu(x, 0.5))(0.) = 0.5; "
+        "hard_swish is relu6 (a custom_jvp): 0.0 at -3, 1.0 at 3",
+        "torch": "F.leaky_relu(x, 0.1) gives 0.1 at 0, F.elu(x, 0.5) 0.5, F.selu 1.7581 "
+        "(scale * alpha); F.hardswish 0.0 at -3 and 1.0 at 3; F.hardsigmoid 0.0 at both",
+    },
+    explanation=(
+        "The fused activations are piecewise: leaky_relu and elu/selu change slope at 0, "
+        "hardswish and hardsigmoid at -3 and 3. Each is Lipschitz there and every value "
+        "between the two one-sided slopes is a valid subgradient; the kernel returns one of "
+        "them (PyTorch takes the left slope at 0; JAX the right one for leaky_relu, the "
+        "left one for elu and selu), so an input sitting exactly on a corner "
+        "(zero-initialized biases, quantized inputs, a padded zero) gets a gradient that "
+        "depends on the framework."
+    ),
+    fixes=(
+        Fix(
+            "Where a derivative at the corner matters, use a smooth activation:",
+            "y = jax.nn.gelu(x)",
+            "y = torch.nn.functional.gelu(x)",
+        ),
+        Fix(
+            "For elu, alpha = 1 meets C^1 at 0 (or use celu, which is C^1 for every alpha):",
+            "y = jax.nn.celu(x, alpha)",
+            "y = torch.nn.functional.celu(x, alpha)",
+        ),
+    ),
+    admissible=Admissible.interval(
+        -0.5, SELU_SCALE * SELU_ALPHA, "[min, max] of the two one-sided slopes"
+    ),
+)
+
 
 # ---- which entry an op hit (sets from _masks) -----------------------------------------
 
@@ -492,6 +575,19 @@ def _abs(operands: Any, out: Any, params: Any) -> Hit | None:
 @predicate("relu", entries=[RELU_AT_ZERO])
 def _relu(operands: Any, out: Any, params: Any) -> Hit | None:
     return hit(RELU_AT_ZERO.id, m.at_zero(np, operands, params), operands)
+
+
+@predicate("activation", entries=[ACTIVATION_CORNER])
+def _activation(operands: Any, out: Any, params: Any) -> Hit | None:
+    """A fused activation (``params["fn"]``, with its ``negative_slope`` / ``alpha``) at one
+    of its corners; operands: (x,)."""
+    x = operands[0]
+    if not real(x):
+        return None
+    at = np.zeros(np.shape(x), bool)
+    for c, _, _ in activation_corners(params.get("fn", ""), params):
+        at |= x == c
+    return hit(ACTIVATION_CORNER.id, at, operands)
 
 
 @predicate("i0e", entries=[I0E_AT_ZERO])
@@ -710,4 +806,5 @@ ENTRIES: tuple[Singularity, ...] = (
     EIGH_REPEATED_EIGENVALUES,
     DET_AT_SINGULAR,
     I0E_AT_ZERO,
+    ACTIVATION_CORNER,
 )
