@@ -143,6 +143,10 @@ def clip_bound(x):
     return torch.clamp(x, 0.0, 1.0).sum()  # L:clip-at-bound
 
 
+def leaky_relu_corner(x):
+    return torch.nn.functional.leaky_relu(x, 0.1).sum()  # L:activation-corner
+
+
 def hypot_origin(x):
     return torch.hypot(x[0], x[1])  # L:hypot-at-origin
 
@@ -206,6 +210,7 @@ TRIGGERS = {
     "relu-at-zero": (relu_zero, [0.0, 0.0], "clarke", "sanitize"),
     "max-tie": (max_tie, [1.0, 1.0], "clarke", "sanitize"),
     "clip-at-bound": (clip_bound, [0.0, 1.0], "clarke", "sanitize"),
+    "activation-corner": (leaky_relu_corner, [0.0, 1.0], None, "sanitize"),
     "hypot-at-origin": (hypot_origin, [0.0, 0.0], "clarke", "sanitize"),
     "sort-tie": (sort_tie, [1.0, 1.0], None, "sanitize"),
     "sign-at-zero": (sign_zero, [0.0, 1.0], None, "sanitize"),

@@ -40,6 +40,11 @@ _KEEP: list = []
 
 # (backend, entry id) -> why there is no trigger program
 NO_TRIGGER = {
+    ("jax", "activation-corner"): (
+        "jax.nn's piecewise activations are where selections and relu6's max/min in the "
+        "jaxpr: their corners are reported as where-at-boundary / relu-at-zero / max-tie "
+        "(tests/jax/test_sanitize_activations.py), never as this torch-only entry"
+    ),
     ("jax", "pow-exponent-grad-at-zero-base"): (
         "JAX's pow rule returns d/dp 0 ** p = 0 for p >= 0 (log(0) replaced by log(1)): no "
         "NaN to trigger; the NaN it explains comes from exp(p * log a), exp-log-at-zero"

@@ -162,7 +162,11 @@ def _nonfinite_counts(ts: Sequence[torch.Tensor]) -> list[tuple[int, int] | None
     out: list[tuple[int, int] | None] = [None] * len(ts)
     groups: dict[tuple[Any, Any], list[int]] = {}
     for i, t in enumerate(ts):
-        if t.numel():
+        if type(t) is not torch.Tensor:  # a subclass (FSDP2's DTensor shards): one at a time
+            if not all_finite(t):
+                h = output_hit("", t)
+                out[i] = (h.nan, h.inf)
+        elif t.numel():
             groups.setdefault((t.dtype, t.device), []).append(i)
     for idx in groups.values():
         sums = torch.stack([ts[i].sum() for i in idx]).tolist()

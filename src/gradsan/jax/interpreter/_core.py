@@ -118,8 +118,12 @@ def to_numpy(x: Any) -> np.ndarray:
 def _is_library_body(jaxpr: Any) -> bool:
     """True when no equation of the body has a user frame (a jnp library jit)."""
     for eqn in jaxpr.eqns[:8]:
-        if place(eqn.source_info).user is not None:
+        pl = place(eqn.source_info)
+        if pl.user is not None:
             return False
+        if pl.key is None and ("jaxpr" in eqn.params or "call_jaxpr" in eqn.params):
+            return False  # a call with no frames at all: gradsan's own wrapper (guard's fused
+            # program calling the user's jitted step), not a library function
     return bool(jaxpr.eqns)
 
 
