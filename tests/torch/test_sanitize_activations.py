@@ -132,5 +132,36 @@ def test_in_place_activation_is_said_not_checked(module):
         module(x * 1.0).sum().backward()  # in place
     assert report.findings == []
     (note,) = report.notes
-    assert "1 in-place activation call(s) not checked" in note
+    assert "1 in-place call(s) not checked for a kink" in note
     assert f":{line_of('in place')} " in note
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda h: torch.nn.ReLU(inplace=True)(h),
+        lambda h: F.relu(h, inplace=True),
+        lambda h: h.relu_(),
+        lambda h: h.clamp_(-1.0, 1.0),
+    ],
+    ids=["nn.ReLU(inplace)", "F.relu(inplace)", "relu_", "clamp_"],
+)
+def test_in_place_relu_and_clamp_are_said_not_checked(call):
+    """relu_/clamp_ overwrite their input: -3 clipped to -1 (or 0) reads as a value at the
+    bound, so classifying from the operand after the call flags kinks that are not there."""
+    x = torch.tensor([-3.0, 0.5, 2.0], requires_grad=True)
+    with gst.sanitize() as report:
+        (call(x * 1.0) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert report.findings == []
+    (note,) = report.notes
+    assert "1 in-place call(s) not checked for a kink" in note
+    assert f"test_sanitize_activations.py:{call.__code__.co_firstlineno} (<lambda>)" in note
+
+
+def test_out_of_place_clamp_at_its_bound_is_still_flagged():
+    x = torch.tensor([-3.0, 0.5, 1.0], requires_grad=True)
+    with gst.sanitize() as report:
+        (x.clamp(-1.0, 1.0) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()  # clamp
+    (f,) = report.findings
+    assert f.catalog_id == "clip-at-bound" and f.where.line == line_of("clamp")
+    assert f.count == 1

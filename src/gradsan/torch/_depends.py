@@ -57,8 +57,9 @@ UNCHECKED_NOTE = (
 )
 
 INPLACE_NOTE = (
-    "{n} in-place activation call(s) not checked for a corner: the call overwrote its input "
-    "before gradsan could read it ({where}); call it with inplace=False to check it"
+    "{n} in-place call(s) not checked for a kink: the call overwrote its input before "
+    "gradsan could read it ({where}); call it out of place (inplace=False, or relu/clamp "
+    "instead of relu_/clamp_) to check it"
 )
 
 _JUMPS: dict[str, Any] = {"floor": np.floor, "ceil": np.ceil, "round": np.round, "trunc": np.trunc}

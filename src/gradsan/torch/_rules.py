@@ -325,6 +325,7 @@ _ACTIVATIONS: dict[str, tuple[int, tuple[str, int, float] | None]] = {
     "hardsigmoid": (1, None),
     "relu6": (1, None),
     "hardtanh": (3, None),
+    "relu": (1, None),  # F.relu(input, inplace)
 }
 
 
@@ -341,12 +342,14 @@ def activation_params(name: str, a: Sequence[Any], kwargs: dict) -> dict:
 
 
 def is_inplace(name: str, a: Sequence[Any], kwargs: dict) -> bool:
-    """Whether a fused activation call writes its input (``inplace=True``, or ``elu_``)."""
-    got = _ACTIVATIONS.get(name.rstrip("_"))
-    if got is None:
-        return False
-    if name.endswith("_"):
+    """Whether a kink call writes its input: PyTorch's in-place spelling (``relu_``,
+    ``clamp_``, ``clamp_min_``, ``elu_``) or ``inplace=True`` (``F.relu``, ``nn.ReLU``,
+    the fused activations)."""
+    if name.endswith("_") and not name.endswith("__"):
         return True
+    got = _ACTIVATIONS.get(name)
+    if got is None:
+        return bool(kwargs.get("inplace", False))
     return bool(kwargs.get("inplace", a[got[0]] if len(a) > got[0] else False))
 
 
