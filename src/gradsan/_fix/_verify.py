@@ -476,14 +476,9 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
             )
         checked.append(f"gradient {_show(grad)} matches central differences")
     # nearby points: the same outputs as the original program
-    same = 0
-    for pt, orig in zip(prog.nearby, prog.nearby_out):
-        if orig is None or not _finite(orig):
-            continue
-        o, e = _run(prog.fun, pt, prog.kwargs)
-        if e is not None or not _close(_leaves(o), orig, rtol=1e-3):
-            return "failed", "the fix changes the program's outputs near the failing point"
-        same += 1
+    same = same_nearby(prog)
+    if same is None:
+        return "failed", "the fix changes the program's outputs near the failing point"
     if same:
         checked.append(f"same outputs at {same} nearby point{'s' if same > 1 else ''}")
     if prog.backend == "jax" and prog.want_jit:  # the first fix of a finding that gets here
@@ -750,3 +745,17 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
 
 
 _RANK = {"verified": 0, "unverified": 1, "prose": 2, "failed": 3}
+
+
+def same_nearby(prog: Any) -> int | None:
+    """How many of the nearby points where the original program was finite give its outputs
+    with the fix swapped in; None when one of them does not."""
+    same = 0
+    for pt, orig in zip(prog.nearby, prog.nearby_out):
+        if orig is None or not _finite(orig):
+            continue
+        o, e = _run(prog.fun, pt, prog.kwargs)
+        if e is not None or not _close(_leaves(o), orig, rtol=1e-3):
+            return None
+        same += 1
+    return same
