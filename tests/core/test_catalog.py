@@ -163,6 +163,7 @@ CASES: list[tuple[str, list, list, dict, str]] = [
     ("abs", [0.0], ["tiny"], {}, "abs-at-zero"),
     ("relu", [0.0], ["tiny"], {}, "relu-at-zero"),
     ("activation", [0.0], ["tiny"], {"fn": "leaky_relu", "negative_slope": 0.1}, "activation-corner"),
+    ("activation", [0.5], ["0.5+"], {"fn": "hardshrink", "lambd": 0.5}, "activation-jump"),
     ("sign", [0.0], ["tiny"], {}, "sign-at-zero"),
     ("max", [1.0, 1.0], [1.0, "1+"], {}, "max-tie"),
     ("min", [1.0, 1.0], [1.0, "1-"], {}, "max-tie"),

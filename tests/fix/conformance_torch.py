@@ -147,6 +147,10 @@ def leaky_relu_corner(x):
     return torch.nn.functional.leaky_relu(x, 0.1).sum()  # L:activation-corner
 
 
+def hardshrink_jump(x):
+    return torch.nn.functional.hardshrink(x, 0.5).sum()  # L:activation-jump
+
+
 def hypot_origin(x):
     return torch.hypot(x[0], x[1])  # L:hypot-at-origin
 
@@ -211,6 +215,7 @@ TRIGGERS = {
     "max-tie": (max_tie, [1.0, 1.0], "clarke", "sanitize"),
     "clip-at-bound": (clip_bound, [0.0, 1.0], "clarke", "sanitize"),
     "activation-corner": (leaky_relu_corner, [0.0, 1.0], None, "sanitize"),
+    "activation-jump": (hardshrink_jump, [0.5, 1.0], None, "sanitize"),
     "hypot-at-origin": (hypot_origin, [0.0, 0.0], "clarke", "sanitize"),
     "sort-tie": (sort_tie, [1.0, 1.0], None, "sanitize"),
     "sign-at-zero": (sign_zero, [0.0, 1.0], None, "sanitize"),

@@ -45,6 +45,10 @@ NO_TRIGGER = {
         "jaxpr: their corners are reported as where-at-boundary / relu-at-zero / max-tie "
         "(tests/jax/test_sanitize_activations.py), never as this torch-only entry"
     ),
+    ("jax", "activation-jump"): (
+        "jax.nn has no fused hardshrink or threshold: written with jnp.where they are "
+        "where-at-boundary, never this torch-only entry"
+    ),
     ("jax", "pow-exponent-grad-at-zero-base"): (
         "JAX's pow rule returns d/dp 0 ** p = 0 for p >= 0 (log(0) replaced by log(1)): no "
         "NaN to trigger; the NaN it explains comes from exp(p * log a), exp-log-at-zero"

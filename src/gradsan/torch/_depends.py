@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._catalog.entries.kinks import activation_corners
+from .._catalog.entries.kinks import activation_corners, activation_jumps
 from ._compat import in_functorch
-from ._rules import COMPARISONS, activation_params, is_inplace
+from ._rules import COMPARISONS, activation_params, is_inplace, to_numpy
 
 DIRECTIONS = 2
 _EPS = 64 * float(np.finfo(np.float32).eps)
@@ -406,26 +406,42 @@ class Checker:
 
     def _activation(self, name: str, a: list, kwargs: dict, out: torch.Tensor) -> list | None:
         """A fused activation at a corner: the one-sided slope (the catalog's) times the
-        operand's tangent, minus the output tangent PyTorch's rule gives."""
+        operand's tangent, minus the output tangent PyTorch's rule gives (a slope PyTorch drew,
+        rrelu's in training, is the one its rule gives: that side's delta is 0). At a jump
+        (hardshrink, threshold): the one-sided limit minus PyTorch's value, as floor's."""
         x = a[0] if a else kwargs.get("input")
         params = activation_params(name, [x, *a[1:]], kwargs)
         corners = activation_corners(params["fn"], params)
+        jumps = activation_jumps(params["fn"], params)
         tans = self.tangents([x, out])
         if tans is None:
             return None
         xn = _np(x)
+        xe = np.asarray(to_numpy(x))  # compared with the corners in its own dtype (0.1f)
+        outn = np.broadcast_to(_np(out), xn.shape)
         res = []
         for tx, tout in tans:
             tx = np.broadcast_to(tx, xn.shape)
+            tout = np.broadcast_to(tout, xn.shape)
             for s in (1.0, -1.0):
                 t = s * tx
+                ad = s * tout
                 mask = np.zeros(xn.shape, bool)
                 os = np.zeros(xn.shape)
                 for c, left, right in corners:
-                    at = xn == c
+                    at = xe == c
                     mask |= at
-                    os = np.where(at, np.where(t > 0, right * t, left * t), os)
-                res.append(_delta(mask, os, s * tout))
+                    lt = ad if left is None else np.asarray(left) * t
+                    rt = ad if right is None else np.asarray(right) * t
+                    os = np.where(at, np.where(t > 0, rt, lt), os)
+                res.append(_delta(mask, os, ad))
+                if jumps:
+                    dv = np.zeros(xn.shape)
+                    up = np.where(t == 0, s > 0, t > 0)  # no move: both sides, one per sign
+                    for c, lim_left, lim_right in jumps:
+                        lim = np.where(up, lim_right, lim_left)
+                        dv = np.where(xe == c, lim - outn, dv)
+                    res.append((np.where(dv != 0, dv, 0.0), True))
         return res
 
     def _reduce(self, op: str, a: list, kwargs: dict, outs: tuple) -> Any:

@@ -81,6 +81,7 @@ FUNC_OPS: dict[str, str] = {
     "clamp_min": "clamp",
     "clamp_max": "clamp",
     "hardtanh": "clamp",
+    "hardtanh_": "clamp",
     "relu6": "clamp",
     # the fused piecewise activations (their corners: _catalog.entries.kinks)
     "leaky_relu": "activation",
@@ -93,6 +94,14 @@ FUNC_OPS: dict[str, str] = {
     "hardswish_": "activation",
     "hardsigmoid": "activation",
     "hardsigmoid_": "activation",
+    "prelu": "activation",
+    "rrelu": "activation",
+    "rrelu_": "activation",
+    "softshrink": "activation",
+    "hardshrink": "activation",  # jumps
+    "threshold": "activation",  # a jump where value != threshold, else a corner
+    "threshold_": "activation",
+    "_threshold": "activation",  # F.threshold, nn.Threshold
     "floor": "floor",
     "ceil": "ceil",
     "round": "round",
@@ -316,29 +325,48 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
     return a[:1], {}
 
 
-# positional index of the ``inplace`` flag, and the slope parameter (name, index, default)
-_ACTIVATIONS: dict[str, tuple[int, tuple[str, int, float] | None]] = {
-    "leaky_relu": (2, ("negative_slope", 1, 0.01)),
-    "elu": (2, ("alpha", 1, 1.0)),
-    "selu": (1, None),
-    "hardswish": (1, None),
-    "hardsigmoid": (1, None),
-    "relu6": (1, None),
-    "hardtanh": (3, None),
-    "relu": (1, None),  # F.relu(input, inplace)
+# positional index of the ``inplace`` flag, and the parameters (name, index, default)
+_ACTIVATIONS: dict[str, tuple[int, tuple[tuple[str, int, Any], ...]]] = {
+    "leaky_relu": (2, (("negative_slope", 1, 0.01),)),
+    "elu": (2, (("alpha", 1, 1.0),)),
+    "selu": (1, ()),
+    "hardswish": (1, ()),
+    "hardsigmoid": (1, ()),
+    "relu6": (1, ()),
+    "hardtanh": (3, ()),
+    "relu": (1, ()),  # F.relu(input, inplace)
+    "rrelu": (4, (("lower", 1, 1 / 8), ("upper", 2, 1 / 3), ("training", 3, False))),
+    "softshrink": (99, (("lambd", 1, 0.5),)),
+    "hardshrink": (99, (("lambd", 1, 0.5),)),
+    "threshold": (3, (("threshold", 1, 0.0), ("value", 2, 0.0))),
+    "prelu": (99, ()),
 }
 
 
 def activation_params(name: str, a: Sequence[Any], kwargs: dict) -> dict:
-    """A fused activation's params for the catalog: ``fn`` (its name without a trailing
-    ``_``), its slope parameter, and ``inplace``."""
-    fn = name.rstrip("_")
-    pos, slope = _ACTIVATIONS.get(fn, (len(a), None))
+    """A fused activation's params for the catalog: ``fn`` (its name without ``_``s), its
+    parameters, and ``inplace``. prelu's weight is ``negative_slope``, a float for one
+    parameter, else broadcast along the channel dimension (1, or 0 for a 1-D input)."""
+    fn = name.strip("_")
+    pos, specs = _ACTIVATIONS.get(fn, (len(a), ()))
     params: dict = {"fn": fn, "inplace": name.endswith("_") or is_inplace(name, a, kwargs)}
-    if slope is not None:
-        key, i, default = slope
-        params[key] = float(kwargs.get(key, a[i] if len(a) > i else default))
+    for key, i, default in specs:
+        v = kwargs.get(key, a[i] if len(a) > i else default)
+        params[key] = bool(v) if isinstance(default, bool) else float(v)
+    if fn == "prelu":
+        params["negative_slope"] = _prelu_slope(a[0] if a else kwargs.get("input"), a, kwargs)
     return params
+
+
+def _prelu_slope(x: Any, a: Sequence[Any], kwargs: dict) -> Any:
+    w = np.asarray(to_numpy(kwargs.get("weight", a[1] if len(a) > 1 else 0.25)), np.float64)
+    w = w.reshape(-1)
+    if w.size == 1:
+        return float(w[0])
+    shape = list(np.shape(to_numpy(x)))
+    dims = [1] * len(shape)
+    dims[1 if len(shape) >= 2 else 0] = w.size
+    return np.broadcast_to(w.reshape(dims), shape)
 
 
 def is_inplace(name: str, a: Sequence[Any], kwargs: dict) -> bool:
@@ -347,7 +375,7 @@ def is_inplace(name: str, a: Sequence[Any], kwargs: dict) -> bool:
     the fused activations)."""
     if name.endswith("_") and not name.endswith("__"):
         return True
-    got = _ACTIVATIONS.get(name)
+    got = _ACTIVATIONS.get(name.strip("_"))
     if got is None:
         return bool(kwargs.get("inplace", False))
     return bool(kwargs.get("inplace", a[got[0]] if len(a) > got[0] else False))

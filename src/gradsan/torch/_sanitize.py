@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .. import _catalog
 from .._catalog import _classify
 from .._catalog._types import CONVENTION_KINDS, Admissible
-from .._catalog.entries.kinks import activation_corners, corner_interval
+from .._catalog.entries.kinks import activation_corners, activation_jumps, corner_interval
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
@@ -126,11 +126,13 @@ _CHECKED_OPS = frozenset(
 )
 
 
-def _scalar_grads(fn: Any, values: list[float]) -> list[float] | None:
-    """PyTorch's partial derivatives of ``fn`` at scalar ``values`` (float64)."""
+def _scalar_grads(
+    fn: Any, values: list[float], dtype: torch.dtype = torch.float64
+) -> list[float] | None:
+    """PyTorch's partial derivatives of ``fn`` at scalar ``values`` (float64, or ``dtype``)."""
     try:
         with torch.enable_grad():
-            ts = [torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in values]
+            ts = [torch.tensor(v, dtype=dtype, requires_grad=True) for v in values]
             gs = _depends.unwrapped_grad(fn(*ts), ts, allow_unused=True)
         return [0.0 if g is None else float(g) for g in gs]
     except (RuntimeError, TypeError, ValueError):
@@ -169,7 +171,9 @@ def _with_value(
         else:
             g = _scalar_grads(lambda t: torch.clamp(t, lo, hi), [x])  # type: ignore[list-item]
     elif op == "activation" and vals and vals[0] is not None:
-        return _activation_value(ev, vals[0], params or {})
+        x0 = operands[0]
+        dtype = x0.dtype if isinstance(x0, torch.Tensor) else torch.float64
+        return _activation_value(ev, vals[0], params or {}, dtype)
     if g is None or adm is None:
         return ev
     value = _conventions._fmt(g if len(g) > 1 else g[0])
@@ -178,16 +182,35 @@ def _with_value(
     )
 
 
-def _activation_value(ev: Kink, x: float, params: dict) -> Kink:
+def _activation_value(ev: Kink, x: float, params: dict, dtype: torch.dtype) -> Kink:
     """A fused activation at a corner: PyTorch's derivative there, against the interval
     between the catalog's two one-sided slopes at that corner (``params`` as
-    :func:`gradsan.torch._rules.activation_params` reads them)."""
+    :func:`gradsan.torch._rules.activation_params` reads them); at a jump, PyTorch's
+    derivative and the two limits (no value is admissible)."""
     fn = params.get("fn", "")
-    at = corner_interval(activation_corners(fn, params), x)
+    idx = ev.index or ()
+    call = _activation_fn(fn, params, idx)
+    jumps, corners = activation_jumps(fn, params), activation_corners(fn, params)
+    xd = x  # the operand's value, which equals the corner in the operand's dtype
+    x = next((c[0] for c in (*jumps, *corners) if _same(c[0], x, dtype)), x)
+    jump = next((j for j in jumps if j[0] == x), None)
+    if jump is not None:
+        g = None if call is None else _scalar_grads(call, [xd], dtype)
+        facts = {
+            **dict(ev.facts),
+            "subdifferential": f"none: {fn} jumps from {jump[1]:g} to {jump[2]:g} at {x:g}",
+        }
+        if g is not None:
+            facts["value"] = _conventions._fmt(g[0])
+        return dataclasses.replace(ev, admissible=False if g is not None else None, facts=facts)
+    at = corner_interval(corners, x, idx)
     if at is None:
+        if fn == "rrelu" and params.get("training"):  # the slope PyTorch drew is not read
+            lo, hi = params["lower"], params["upper"]
+            words = f"[r, 1] (r: the slope rrelu drew in training, in [{lo:.6g}, {hi:.6g}])"
+            return dataclasses.replace(ev, facts={**dict(ev.facts), "subdifferential": words})
         return ev
-    extra = {k: params[k] for k in ("negative_slope", "alpha") if k in params}
-    g = _scalar_grads(lambda t: getattr(F, fn)(t, **extra), [x])
+    g = None if call is None else _scalar_grads(call, [xd], dtype)
     if g is None:
         return ev
     lo, hi = at
@@ -198,6 +221,35 @@ def _activation_value(ev: Kink, x: float, params: dict) -> Kink:
         "subdifferential": f"[{lo:.6g}, {hi:.6g}] (the one-sided slopes of {fn} at {x:g})",
     }
     return dataclasses.replace(ev, admissible=adm.contains(g, tol=1e-9), facts=facts)
+
+
+def _same(c: float, x: float, dtype: torch.dtype) -> bool:
+    """Whether the operand's value ``x`` is the corner ``c`` in the operand's dtype."""
+    try:
+        return bool(torch.tensor(c, dtype=dtype) == torch.tensor(x, dtype=dtype))
+    except (TypeError, RuntimeError):
+        return c == x
+
+
+def _activation_fn(fn: str, params: dict, idx: tuple) -> Any:
+    """The activation as PyTorch computes it, of one scalar (prelu with its weight at
+    ``idx``); None for rrelu in training (calling it would draw from the user's generator)."""
+    p = params
+    if fn == "prelu":
+        w = p.get("negative_slope", 0.25)
+        w = float(np.asarray(w)[idx] if np.ndim(w) else w)
+        return lambda t: F.prelu(t, torch.tensor([w], dtype=t.dtype))
+    if fn == "rrelu":
+        if p.get("training"):
+            return None
+        return lambda t: F.rrelu(t, p["lower"], p["upper"], training=False)
+    if fn in ("softshrink", "hardshrink"):
+        return lambda t: getattr(F, fn)(t, p["lambd"])
+    if fn == "threshold":
+        return lambda t: F.threshold(t, p["threshold"], p["value"])
+    extra = {k: p[k] for k in ("negative_slope", "alpha") if k in p}
+    f = getattr(F, fn, None)
+    return None if f is None else (lambda t: f(t, **extra))
 
 
 def _shape(operands: list) -> tuple:

@@ -480,18 +480,33 @@ I0E_AT_ZERO = Singularity(
 
 # One-sided slopes at the corners of the fused activations: fn -> (params -> corners), each
 # corner (x, slope left of x, slope right of x). Only corners whose slopes differ are kinks
-# (elu with alpha == 1 meets C^1 at 0; celu always does).
+# (elu with alpha == 1 meets C^1 at 0; celu always does). A slope may be an array broadcast
+# to the operand (prelu's learned weight, one per channel: a corner only where it is not 1)
+# or None: the slope PyTorch drew itself (rrelu in training: a random slope per element).
 SELU_ALPHA = 1.6732632423543772848170429916717
 SELU_SCALE = 1.0507009873554804934193349852946
 
 
-def activation_corners(fn: str, params: Any) -> tuple[tuple[float, float, float], ...]:
-    """The corners of the activation ``fn`` (``leaky_relu``, ``elu``, ``selu``, ``hardswish``,
-    ``hardsigmoid``) with its parameters (``negative_slope``, ``alpha``): (x, left, right)
-    for every corner where the one-sided slopes differ."""
-    got: tuple[tuple[float, float, float], ...]
-    if fn == "leaky_relu":
-        got = ((0.0, float(params.get("negative_slope", 0.01)), 1.0),)
+def _differ(left: Any, right: Any) -> Any:
+    """Where the two one-sided slopes differ (None: drawn by PyTorch, never 1 but by chance)."""
+    if left is None or right is None:
+        return True
+    return np.asarray(left) != np.asarray(right)
+
+
+def activation_corners(fn: str, params: Any) -> tuple[tuple[float, Any, Any], ...]:
+    """The corners of the activation ``fn`` (``leaky_relu``, ``prelu``, ``rrelu``, ``elu``,
+    ``selu``, ``hardswish``, ``hardsigmoid``, ``softshrink``, ``threshold``) with its
+    parameters (``negative_slope``, ``alpha``, ``lambd``, ``threshold``/``value``,
+    ``lower``/``upper``/``training``): (x, left, right) for every corner where the one-sided
+    slopes differ (anywhere, for an array slope)."""
+    got: tuple[tuple[float, Any, Any], ...]
+    if fn in ("leaky_relu", "prelu"):  # prelu: its weight broadcast to the operand
+        got = ((0.0, params.get("negative_slope", 0.01), 1.0),)
+    elif fn == "rrelu":  # eval: leaky_relu with the mean slope; training: the drawn one
+        lower, upper = float(params.get("lower", 1 / 8)), float(params.get("upper", 1 / 3))
+        drawn = params.get("training", False) and lower != upper
+        got = ((0.0, None if drawn else (lower + upper) / 2, 1.0),)
     elif fn == "elu":
         got = ((0.0, float(params.get("alpha", 1.0)), 1.0),)
     elif fn == "selu":
@@ -500,16 +515,43 @@ def activation_corners(fn: str, params: Any) -> tuple[tuple[float, float, float]
         got = ((-3.0, 0.0, -0.5), (3.0, 1.5, 1.0))
     elif fn == "hardsigmoid":  # relu6(x + 3) / 6
         got = ((-3.0, 0.0, 1 / 6), (3.0, 1 / 6, 0.0))
+    elif fn == "softshrink":  # x + lambd below -lambd, 0 between, x - lambd above lambd
+        lam = float(params.get("lambd", 0.5))
+        got = ((-lam, 1.0, 0.0), (lam, 0.0, 1.0)) if lam > 0 else ()
+    elif fn == "threshold":  # x above the threshold, value at and below it
+        th, value = float(params.get("threshold", 0.0)), float(params.get("value", 0.0))
+        got = ((th, 0.0, 1.0),) if value == th else ()  # else a jump: activation_jumps
     else:
         return ()
-    return tuple(c for c in got if c[1] != c[2])
+    return tuple(c for c in got if np.any(_differ(c[1], c[2])))
 
 
-def corner_interval(corners: Any, x: float) -> tuple[float, float] | None:
-    """The Clarke subdifferential [min, max] of the one-sided slopes at the corner ``x``."""
+def activation_jumps(fn: str, params: Any) -> tuple[tuple[float, float, float], ...]:
+    """The jumps of the activation ``fn`` (``hardshrink``, ``threshold`` with value !=
+    threshold): (x, limit from the left, limit from the right) where they differ."""
+    got: tuple[tuple[float, float, float], ...]
+    if fn == "hardshrink":  # x where |x| > lambd, else 0
+        lam = float(params.get("lambd", 0.5))
+        got = ((-lam, -lam, 0.0), (lam, 0.0, lam))
+    elif fn == "threshold":
+        th, value = float(params.get("threshold", 0.0)), float(params.get("value", 0.0))
+        got = ((th, value, th),)
+    else:
+        return ()
+    return tuple(j for j in got if j[1] != j[2])
+
+
+def corner_interval(corners: Any, x: float, idx: tuple = ()) -> tuple[float, float] | None:
+    """The Clarke subdifferential [min, max] of the one-sided slopes at the corner ``x`` (an
+    array slope read at ``idx``; None for a slope PyTorch drew)."""
     for at, left, right in corners:
         if at == x:
-            return (min(left, right), max(left, right))
+            if left is None or right is None:
+                return None
+            lo, hi = (float(np.asarray(v)[idx] if np.ndim(v) else v) for v in (left, right))
+            if lo == hi:
+                return None
+            return (min(lo, hi), max(lo, hi))
     return None
 
 
@@ -519,21 +561,28 @@ ACTIVATION_CORNER = Singularity(
     kind="kink",
     title="a piecewise activation at its corner: the gradient is a convention",
     singular_set=(
-        "leaky_relu, elu (alpha != 1) and selu at x == 0; hardswish and hardsigmoid at "
-        "x == -3 and x == 3 (relu6 and hardtanh are clip-at-bound)"
+        "leaky_relu, prelu (weight != 1), rrelu, elu (alpha != 1) and selu at x == 0; "
+        "hardswish and hardsigmoid at x == -3 and x == 3; softshrink at x == -lambd and "
+        "x == lambd (lambd > 0); threshold at x == threshold when value == threshold (relu6 "
+        "and hardtanh are clip-at-bound)"
     ),
     derivative=(
-        "one slope on each side of the corner: leaky_relu negative_slope | 1, elu alpha | 1, "
-        "selu scale * alpha | scale at 0; hardswish 0 | -1/2 at -3 and 3/2 | 1 at 3; "
-        "hardsigmoid 0 | 1/6 at -3 and 1/6 | 0 at 3; no derivative at the corner"
+        "one slope on each side of the corner: leaky_relu negative_slope | 1, prelu weight | 1 "
+        "(d/dweight is x below 0: 0 on both sides of the corner), rrelu (lower + upper) / 2 | 1 "
+        "in eval mode and its drawn slope | 1 in training, elu alpha | 1, selu scale * alpha | "
+        "scale at 0; hardswish 0 | -1/2 at -3 and 3/2 | 1 at 3; hardsigmoid 0 | 1/6 at -3 and "
+        "1/6 | 0 at 3; softshrink 1 | 0 at -lambd and 0 | 1 at lambd; threshold 0 | 1; no "
+        "derivative at the corner"
     ),
     subdifferential="the interval between the two one-sided slopes",
     conventions={
         "jax": "jax.nn.leaky_relu, elu and selu are jnp.where selections (where-at-boundary): "
         "grad(jax.nn.leaky_relu)(0.) = 1.0, grad(lambda x: jax.nn.elu(x, 0.5))(0.) = 0.5; "
         "hard_swish is relu6 (a custom_jvp): 0.0 at -3, 1.0 at 3",
-        "torch": "F.leaky_relu(x, 0.1) gives 0.1 at 0, F.elu(x, 0.5) 0.5, F.selu 1.7581 "
-        "(scale * alpha); F.hardswish 0.0 at -3 and 1.0 at 3; F.hardsigmoid 0.0 at both",
+        "torch": "F.leaky_relu(x, 0.1) gives 0.1 at 0, F.prelu its weight, F.rrelu (lower + "
+        "upper) / 2 in eval mode and the drawn slope in training, F.elu(x, 0.5) 0.5, F.selu "
+        "1.7581 (scale * alpha); F.hardswish 0.0 at -3 and 1.0 at 3; F.hardsigmoid 0.0 at "
+        "both; F.softshrink 0.0 at both corners; F.threshold(x, t, t) 0.0 at t",
     },
     explanation=(
         "The fused activations are piecewise: leaky_relu and elu/selu change slope at 0, "
@@ -561,6 +610,43 @@ ACTIVATION_CORNER = Singularity(
     ),
 )
 
+ACTIVATION_JUMP = Singularity(
+    id="activation-jump",
+    op="activation",
+    kind="discontinuity",
+    title="a piecewise activation at its jump: the gradient is a convention",
+    singular_set=(
+        "hardshrink at x == -lambd and x == lambd (lambd > 0); threshold at x == threshold "
+        "when value != threshold"
+    ),
+    derivative=(
+        "hardshrink jumps from -lambd to 0 at -lambd and from 0 to lambd at lambd; threshold "
+        "jumps from value to threshold at threshold; the slope is 0 | 1 (1 | 0) beside the "
+        "jump; no derivative at the jump"
+    ),
+    conventions={
+        "jax": "no fused hardshrink or threshold in jax.nn: written as jnp.where, they are "
+        "where-at-boundary",
+        "torch": "F.hardshrink(x, 0.5) gives 0.0 at both -0.5 and 0.5 (the value there is 0); "
+        "F.threshold(x, t, v) gives 0.0 at t (the value there is v)",
+    },
+    explanation=(
+        "hardshrink and threshold keep x on one side of a cut and replace it by a constant on "
+        "the other, so where the constant differs from x at the cut the function jumps: no "
+        "value is a derivative there, and the kernel's 0 hides that the loss changes by a "
+        "finite step when x crosses it. Inputs land on the cut exactly when they are "
+        "quantized or initialized to it (a sparse code at its threshold)."
+    ),
+    fixes=(
+        Fix(
+            "Where a derivative at the cut matters, use the continuous shrinkage:",
+            "y = jnp.sign(x) * jnp.maximum(jnp.abs(x) - lambd, 0.0)",
+            "y = torch.nn.functional.softshrink(x, lambd)",
+        ),
+    ),
+    admissible=Admissible.none("none (a jump)"),
+)
+
 
 # ---- which entry an op hit (sets from _masks) -----------------------------------------
 
@@ -577,16 +663,21 @@ def _relu(operands: Any, out: Any, params: Any) -> Hit | None:
     return hit(RELU_AT_ZERO.id, m.at_zero(np, operands, params), operands)
 
 
-@predicate("activation", entries=[ACTIVATION_CORNER])
+@predicate("activation", entries=[ACTIVATION_JUMP, ACTIVATION_CORNER])
 def _activation(operands: Any, out: Any, params: Any) -> Hit | None:
-    """A fused activation (``params["fn"]``, with its ``negative_slope`` / ``alpha``) at one
-    of its corners; operands: (x,)."""
+    """A fused activation (``params["fn"]``, with its parameters) at one of its jumps, else
+    at one of its corners; operands: (x,)."""
     x = operands[0]
     if not real(x):
         return None
+    fn = params.get("fn", "")
     at = np.zeros(np.shape(x), bool)
-    for c, _, _ in activation_corners(params.get("fn", ""), params):
+    for c, _, _ in activation_jumps(fn, params):
         at |= x == c
+    if at.any():
+        return hit(ACTIVATION_JUMP.id, at, operands)
+    for c, left, right in activation_corners(fn, params):
+        at |= (x == c) & _differ(left, right)
     return hit(ACTIVATION_CORNER.id, at, operands)
 
 
@@ -807,4 +898,5 @@ ENTRIES: tuple[Singularity, ...] = (
     DET_AT_SINGULAR,
     I0E_AT_ZERO,
     ACTIVATION_CORNER,
+    ACTIVATION_JUMP,
 )
