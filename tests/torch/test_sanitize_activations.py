@@ -119,21 +119,25 @@ def test_corner_feeding_the_loss_among_others():
 
 
 @pytest.mark.parametrize(
-    "module",
-    [torch.nn.ReLU6(inplace=True), torch.nn.Hardswish(inplace=True), torch.nn.LeakyReLU(0.1, True)],
+    "module, entry, index",
+    [
+        (torch.nn.ReLU6(inplace=True), "clip-at-bound", (1,)),
+        (torch.nn.Hardswish(inplace=True), "activation-corner", (0,)),
+        (torch.nn.LeakyReLU(0.1, True), "activation-corner", (1,)),
+    ],
     ids=["ReLU6", "Hardswish", "LeakyReLU"],
 )
-def test_in_place_activation_is_said_not_checked(module):
-    """The call overwrites its input: the corner cannot be read (values below 0 become 0 in
-    relu6, -3 becomes 0 in hardswish), so nothing is flagged from the output and one line
-    says so, at the user's line."""
+def test_in_place_activation_is_read_before_the_call(module, entry, index):
+    """The call overwrites its input (values below 0 become 0 in relu6, -3 becomes 0 in
+    hardswish): sanitize reads the operand before the call, so the corner that was there is
+    flagged at the user's line, and only it."""
     x = torch.tensor([-3.0, 0.0, 7.0], requires_grad=True)
     with gst.sanitize() as report:
         module(x * 1.0).sum().backward()  # in place
-    assert report.findings == []
-    (note,) = report.notes
-    assert "1 in-place call(s) not checked for a kink" in note
-    assert f":{line_of('in place')} " in note
+    (f,) = report.findings
+    assert f.catalog_id == entry and f.where.line == line_of("in place")
+    assert f.index == index and f.count == 1
+    assert report.notes == []
 
 
 @pytest.mark.parametrize(
@@ -146,16 +150,14 @@ def test_in_place_activation_is_said_not_checked(module):
     ],
     ids=["nn.ReLU(inplace)", "F.relu(inplace)", "relu_", "clamp_"],
 )
-def test_in_place_relu_and_clamp_are_said_not_checked(call):
-    """relu_/clamp_ overwrite their input: -3 clipped to -1 (or 0) reads as a value at the
-    bound, so classifying from the operand after the call flags kinks that are not there."""
+def test_in_place_relu_and_clamp_off_their_kinks_have_no_finding(call):
+    """relu_/clamp_ overwrite their input: -3 clipped to -1 (or 0) would read as a value at
+    the bound after the call; read before it, nothing is at a kink: no finding, no note."""
     x = torch.tensor([-3.0, 0.5, 2.0], requires_grad=True)
     with gst.sanitize() as report:
         (call(x * 1.0) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
     assert report.findings == []
-    (note,) = report.notes
-    assert "1 in-place call(s) not checked for a kink" in note
-    assert f"test_sanitize_activations.py:{call.__code__.co_firstlineno} (<lambda>)" in note
+    assert report.notes == []
 
 
 def test_out_of_place_clamp_at_its_bound_is_still_flagged():

@@ -163,6 +163,9 @@ class Checker:
         self.gen = torch.Generator().manual_seed(15)
         self.cmps: dict[int, tuple[weakref.ref, str, Any, Any]] = {}
         self.probing = False
+        # an in-place kink call's operand, copied before the call (torch/_sanitize.py's
+        # pre_call): id of the copy -> (the copy, its tangents read before the call)
+        self.pinned: dict[int, tuple[torch.Tensor, list[np.ndarray]]] = {}
 
     # -- inputs --------------------------------------------------------------------------------
     def note_comparison(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
@@ -189,7 +192,22 @@ class Checker:
         return got
 
     def tangents(self, values: list[Any]) -> list[list[np.ndarray]] | None:
-        """Per direction, the tangent (float64) of each of ``values`` (0 for a constant)."""
+        """Per direction, the tangent (float64) of each of ``values`` (0 for a constant; a
+        pinned copy's were read before an in-place call overwrote its original)."""
+        pins = {id(v): self.pinned[id(v)][1] for v in values if id(v) in self.pinned}
+        if pins:
+            rest = [v for v in values if id(v) not in pins]
+            if any(_grad_tensor(v) for v in rest):
+                rows = self.tangents(rest)
+            else:
+                rows = [[np.zeros(np.shape(_np(v))) for v in rest] for _ in range(DIRECTIONS)]
+            if rows is None:
+                return None
+            res = []
+            for j, row in enumerate(rows):
+                it = iter(row)
+                res.append([pins[id(v)][j] if id(v) in pins else next(it) for v in values])
+            return res
         live = [v for v in values if _grad_tensor(v)]
         if not live:
             return None
@@ -230,6 +248,16 @@ class Checker:
             self.probing = False
         return res
 
+    def pin(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A copy of ``x`` with its tangents, read now: before an in-place call overwrites
+        it (None: no tangent to read)."""
+        tans = self.tangents([x])
+        if tans is None:
+            return None
+        copy = x.detach().clone().requires_grad_(True)
+        self.pinned[id(copy)] = (copy, [row[0] for row in tans])
+        return copy
+
     def watch(self, out: torch.Tensor, check: Check) -> None:
         """Keep the cotangents the backward pass brings to ``out``."""
         check.out = weakref.ref(out)
@@ -251,6 +279,8 @@ class Checker:
             return None  # no gradient flows through it
         undecided = Check(None)
         inplace = name.endswith("_") or is_inplace(name, args, kwargs)
+        if inplace and args and id(args[0]) in self.pinned:
+            inplace = False  # its operand was read before the call
         if inplace or getattr(tracer, "_dmode_on", False) or in_functorch():
             return undecided  # in place, recomputed in backward, a transform's tensors
         try:
@@ -369,38 +399,42 @@ class Checker:
 
     def _clamp(self, name: str, a: list, kwargs: dict, out: torch.Tensor) -> list | None:
         x = a[0] if a else kwargs.get("input")
-        if name == "hardtanh":
+        base = name.rstrip("_")  # hardtanh_, clamp_min_, ...
+        if base == "hardtanh":
             lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
             hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
-        elif name == "relu6":
+        elif base == "relu6":
             lo, hi = 0.0, 6.0
         else:
             lo = kwargs.get("min", a[1] if len(a) > 1 else None)
             hi = kwargs.get("max", a[2] if len(a) > 2 else None)
-            if name == "clamp_max":
+            if base == "clamp_max":
                 lo, hi = None, lo
         tans = self.tangents([x, lo, hi, out])
         if tans is None:
             return None
-        xn = _np(x)
         shape = tuple(out.shape)
-        xb = np.broadcast_to(xn, shape)
         lob = None if lo is None else np.broadcast_to(_np(lo), shape)
         hib = None if hi is None else np.broadcast_to(_np(hi), shape)
+        # at a bound in the operand's own dtype, as PyTorch compares (clamp(x, 0.1, 1) in
+        # float32 sits on 0.1f, which is not the float64 0.1)
+        xe = np.broadcast_to(np.asarray(to_numpy(x)), shape)
+        at_lo = None if lob is None else xe == lob.astype(xe.dtype)
+        at_hi = None if hib is None else xe == hib.astype(xe.dtype)
         mask = np.zeros(shape, bool)
-        if lob is not None:
-            mask |= xb == lob
-        if hib is not None:
-            mask |= xb == hib
+        if at_lo is not None:
+            mask |= at_lo
+        if at_hi is not None:
+            mask |= at_hi
         res = []
         for tx, tlo, thi, tout in tans:
             tx, tlo, thi = (np.broadcast_to(t, shape) for t in (tx, tlo, thi))
             for s in (1.0, -1.0):
                 os = s * tx
-                if lob is not None:
-                    os = np.where(xb == lob, np.maximum(os, s * tlo), os)
-                if hib is not None:
-                    os = np.where(xb == hib, np.minimum(os, s * thi), os)
+                if at_lo is not None:
+                    os = np.where(at_lo, np.maximum(os, s * tlo), os)
+                if at_hi is not None:
+                    os = np.where(at_hi, np.minimum(os, s * thi), os)
                 res.append(_delta(mask, os, s * tout))
         return res
 

@@ -202,6 +202,10 @@ _SUMS = {"add", "sub", "sum", "rsub", "cumsum", "mean", "addcdiv", "lerp"}
 class Tracer:
     """Records events in forward and backward; see explain/sanitize/nansafe."""
 
+    # called before each function call (None: nothing to read first); torch/_sanitize.py's
+    # tracer reads an in-place kink call's operand before the call overwrites it
+    pre_call: Any = None
+
     def __init__(self, *, kinks: bool = False) -> None:
         self.kinks = kinks
         self.events: dict[Key, Event] = {}
@@ -863,6 +867,9 @@ class _FunctionMode(TorchFunctionMode):
             "torch.autograd.__init__",
         ):
             return self.tracer.run_backward(func, args, kwargs)
+        pre = self.tracer.pre_call  # sanitize: an in-place kink call's operand, before it
+        if pre is not None:
+            pre(name, args, kwargs)
         out = func(*args, **kwargs)
         self.tracer.on_function(func, name, args, kwargs, out)
         return out

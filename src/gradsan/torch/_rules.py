@@ -80,6 +80,8 @@ FUNC_OPS: dict[str, str] = {
     "clamp_": "clamp",
     "clamp_min": "clamp",
     "clamp_max": "clamp",
+    "clamp_min_": "clamp",
+    "clamp_max_": "clamp",
     "hardtanh": "clamp",
     "hardtanh_": "clamp",
     "relu6": "clamp",
@@ -296,14 +298,15 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
     if op == "clamp":
         lo = kwargs.get("min", a[1] if len(a) > 1 else None)
         hi = kwargs.get("max", a[2] if len(a) > 2 else None)
-        if name == "clamp_max":
+        base = name.rstrip("_")  # hardtanh_, clamp_min_, ...
+        if base == "clamp_max":
             lo, hi = None, lo
-        if name == "hardtanh":
+        if base == "hardtanh":
             lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
             hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
-        if name == "relu6":
+        if base == "relu6":
             lo, hi = 0.0, 6.0
-        return [lo, a[0], hi], {}
+        return [_in_dtype(lo, a[0]), a[0], _in_dtype(hi, a[0])], {}
     if op == "activation":
         return a[:1], activation_params(name, a, kwargs)
     if op in ("reduce_max", "reduce_min", "sort", "top_k", "argmax"):
@@ -323,6 +326,19 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
     if op == "select_n":
         return a[:3], {}
     return a[:1], {}
+
+
+def _in_dtype(bound: Any, x: Any) -> Any:
+    """A Python number bound of clamp in the operand's float dtype, as PyTorch compares it
+    (clamp(x, 0.1, 1) in float32 sits on 0.1f, not on the float64 0.1)."""
+    if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+        dt = _NP_FLOATS.get(str(getattr(x, "dtype", "")))
+        if dt is not None:
+            return np.asarray(bound, dt)
+    return bound
+
+
+_NP_FLOATS = {"torch.float32": np.float32, "torch.float64": np.float64, "torch.float16": np.float16}
 
 
 # positional index of the ``inplace`` flag, and the parameters (name, index, default)

@@ -164,9 +164,9 @@ def _with_value(
         g = _scalar_grads(torch.maximum if op == "max" else torch.minimum, vals[:2])  # type: ignore[arg-type]
     elif op == "clamp" and len(vals) == 3:
         lo, x, hi = vals
-        if name == "hardtanh":  # its own rule: 0 at both bounds (clamp's is 1)
+        if name.rstrip("_") == "hardtanh":  # its own rule: 0 at both bounds (clamp's is 1)
             g = _scalar_grads(lambda t: F.hardtanh(t, lo, hi), [x])  # type: ignore[arg-type,list-item]
-        elif name == "relu6":
+        elif name.rstrip("_") == "relu6":
             g = _scalar_grads(F.relu6, [x])  # type: ignore[list-item]
         else:
             g = _scalar_grads(lambda t: torch.clamp(t, lo, hi), [x])  # type: ignore[list-item]
@@ -305,7 +305,10 @@ class _KinkTracer(_EagerTracer):
         super().__init__(kinks=kinks)
         self.checker = _depends.Checker()
         self.recorded: list[tuple[Tag, Kink, _depends.Check | None]] = []
-        self.inplace: list[Tag] = []  # in-place activations: their input is gone
+        self.inplace: list[Tag] = []  # in-place kink calls whose input could not be read
+        # the last in-place kink call's operand, read before the call: (name, the operand,
+        # its pinned copy, or None where it was at no kink)
+        self._pre: tuple[str, Any, torch.Tensor | None] | None = None
 
     higher_order = False  # a backward with create_graph=True ran (a gradient penalty)
 
@@ -315,17 +318,67 @@ class _KinkTracer(_EagerTracer):
             self.higher_order = True
         return super().run_backward(func, args, kwargs)
 
+    def pre_call(self, name: str, args: tuple, kwargs: dict) -> None:
+        """Before an in-place kink call (``relu_``, ``clamp_``, ``F.relu(x, inplace=True)``,
+        ``nn.ReLU(inplace=True)``, ...) overwrites its operand: whether it sits on a kink, and
+        if so a copy of it with its tangents (the graph before the call), which the kink check
+        reads instead of the overwritten operand. Nothing is copied off the kinks."""
+        op = _rules.canonical(name)
+        if op not in _rules.KINK_OPS or not _rules.is_inplace(name, args, kwargs):
+            return
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, torch.Tensor):
+            return
+        at = False
+        if torch.is_grad_enabled():  # else no gradient flows through the call
+            operands, params = _rules.operands_for(name, args, kwargs)
+            tag = Tag(name, op, None)
+            at = kink_event(self, tag, name, list(operands), dict(params), {}) is not None
+        copy = self.checker.pin(x) if at else None
+        # at a kink whose tangents could not be read (x needs none): said unchecked
+        self._pre = None if at and copy is None else (name, x, copy)
+
+    def _read_before(self, nm: str, args: tuple, kwargs: dict) -> tuple | None:
+        """The operand an in-place kink call had before it ran: the arguments with its copy
+        in place of the overwritten tensor; () where it was at no kink; None where it was
+        not read."""
+        pre, self._pre = self._pre, None
+        x = args[0] if args else kwargs.get("input")
+        if pre is None or pre[0] != nm or pre[1] is not x:
+            return None
+        if pre[2] is None:
+            return ()
+        return (pre[2], *args[1:]) if args else (pre[2],)
+
     def on_function(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
         n = len(self.kink_hits)
         super().on_function(func, name, args, kwargs, out)
         if name in _rules.COMPARISONS:
             self.checker.note_comparison(name, args, kwargs, out)
         if len(self.kink_hits) <= n:
+            self._pre = None
             return
         tag, nm, (operands, params) = self.kink_hits.pop()
         if _rules.is_inplace(nm, args, kwargs):
-            self.inplace.append(tag)  # the operand now holds the output: not readable
+            before = self._read_before(nm, args, kwargs)
+            if before is None:
+                self.inplace.append(tag)  # the operand now holds the output: not readable
+                return
+            if not before:
+                return  # read before the call: at no kink
+            kw = {k: v for k, v in kwargs.items() if k != "input"}
+            args = before
+            operands, params = _rules.operands_for(nm, args, kw)
+            try:
+                self._record(tag, nm, operands, params, args, kw, out)
+            finally:
+                self.checker.pinned.pop(id(args[0]), None)
             return
+        self._record(tag, nm, operands, params, args, kwargs, out)
+
+    def _record(
+        self, tag: Tag, nm: str, operands: Any, params: Any, args: tuple, kwargs: dict, out: Any
+    ) -> None:
         outs = out if isinstance(out, tuple) else (out,)
         first = outs[0] if outs else None
         if isinstance(first, torch.Tensor) and first.dtype.is_floating_point:
