@@ -750,6 +750,225 @@ def _():
     return _tsan(lambda: _tsqrtnorm(_R([0.0, 0.0])))
 
 
+# ---- PyTorch: piecewise activations, in-place kink calls (session 14, torch) ----------------
+
+
+class _BasicBlock:
+    """torchvision.models.resnet.BasicBlock as written there (conv3x3 without bias, BatchNorm2d,
+    one nn.ReLU(inplace=True) used twice, the identity added before the second)."""
+
+    def __init__(self, c):
+        torch, _ = _t()
+        nn = torch.nn
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def __call__(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        # at 0 too, the first relu's choice reaches the loss only through this one, whose
+        # derivative at 0 is PyTorch's 0: it is counted, this one flagged
+        return self.relu(out)  # L:t-basicblock
+
+
+def _tblock(x):
+    torch, _ = _t()
+    torch.manual_seed(0)
+    block = _BasicBlock(2)
+    target = torch.randn(2, 2, 4, 4)
+    return _tsan(lambda: ((block(x) - target) ** 2).mean())
+
+
+@program(
+    "ResNet BasicBlock, blank image",
+    "torch",
+    "kink",
+    "torchvision resnet BasicBlock (ReLU(inplace=True)) in training on an all-zero batch: "
+    "BatchNorm of a constant is its bias, 0",
+    "relu-at-zero",
+    "t-basicblock",
+)
+def _():
+    torch, _ = _t()
+    return _tblock(torch.zeros(2, 2, 4, 4, requires_grad=True))
+
+
+@program(
+    "ResNet BasicBlock, random image",
+    "torch",
+    "clean",
+    "torchvision resnet BasicBlock (ReLU(inplace=True)) on a random batch",
+)
+def _():
+    torch, _ = _t()
+    torch.manual_seed(1)
+    return _tblock(torch.randn(2, 2, 4, 4, requires_grad=True))
+
+
+def _tfsrcnn(x):
+    """yjn870/FSRCNN-pytorch models.py, small: first_part Conv2d(1, d, 5) + nn.PReLU(d), a
+    shrink/map layer with its PReLU, the ConvTranspose2d last part; biases zero-initialized as
+    its _initialize_weights does."""
+    torch, _ = _t()
+    nn = torch.nn
+    torch.manual_seed(0)
+    first = nn.Sequential(nn.Conv2d(1, 4, 5, padding=2), nn.PReLU(4))
+    mid = nn.Sequential(nn.Conv2d(4, 2, 1), nn.PReLU(2))
+    last = nn.ConvTranspose2d(2, 1, 9, stride=2, padding=4, output_padding=1)
+    for m in (first[0], mid[0], last):
+        nn.init.zeros_(m.bias)
+    target = torch.rand(1, 1, 12, 12)
+
+    def f():
+        h = first(x)  # L:t-fsrcnn
+        return ((last(mid(h)) - target) ** 2).mean()
+
+    return _tsan(f)
+
+
+@program(
+    "FSRCNN, black patch",
+    "torch",
+    "kink",
+    "yjn870/FSRCNN-pytorch (nn.PReLU(d) after a zero-bias conv) on a black patch",
+    "activation-corner",
+    "t-fsrcnn",
+)
+def _():
+    torch, _ = _t()
+    return _tfsrcnn(torch.zeros(1, 1, 6, 6))
+
+
+@program("FSRCNN, random patch", "torch", "clean", "yjn870/FSRCNN-pytorch on a random patch")
+def _():
+    torch, _ = _t()
+    torch.manual_seed(2)
+    return _tfsrcnn(torch.rand(1, 1, 6, 6))
+
+
+def _tlista(x):
+    """AbhyudayPuri/learnable-ISTA lista.py: Z = soft_thresh(B + S Z), three passes, with
+    nn.Softshrink(lambd=0.01); W and S initialized from ISTA (W = A^T / L, S = I - A^T A / L)
+    for A = I, L = 2."""
+    torch, _ = _t()
+    n = x.shape[0]
+    w = torch.nn.Parameter(torch.eye(n) / 2)
+    s = torch.nn.Parameter(torch.eye(n) / 2)
+    soft = torch.nn.Softshrink(lambd=0.01)
+
+    def f():
+        b = w @ x
+        z = soft(b)  # at lambd: reaches the loss only through the next passes (counted)
+        for _ in range(3):
+            z = soft(b + s @ z)  # L:t-lista
+        return ((z - 0.5 * x) ** 2).sum()
+
+    return _tsan(f)
+
+
+@program(
+    "LISTA, measurement at lambd",
+    "torch",
+    "kink",
+    "AbhyudayPuri/learnable-ISTA (nn.Softshrink(0.01)), W x = 0.01 for a measurement of 0.02",
+    "activation-corner",
+    "t-lista",
+)
+def _():
+    torch, _ = _t()
+    return _tlista(torch.tensor([0.02, 0.5, -0.3]))
+
+
+@program("LISTA, random measurement", "torch", "clean", "AbhyudayPuri/learnable-ISTA")
+def _():
+    torch, _ = _t()
+    torch.manual_seed(3)
+    return _tlista(torch.randn(3))
+
+
+def _thard(coef):
+    torch, _ = _t()
+    shrink = torch.nn.Hardshrink(0.5)
+    return _tsan(lambda: (shrink(_R(coef)) ** 2).sum())  # L:t-hardshrink
+
+
+@program(
+    "hard thresholding at lambd",
+    "torch",
+    "kink",
+    "hard-threshold denoising (torch7 nn.HardShrink / nn.Hardshrink) of quantized "
+    "coefficients, one exactly at lambd",
+    "activation-jump",
+    "t-hardshrink",
+)
+def _():
+    return _thard([0.5, 0.75, -0.25])
+
+
+@program("hard thresholding off lambd", "torch", "clean", "nn.Hardshrink(0.5)")
+def _():
+    return _thard([0.625, 0.75, -0.25])
+
+
+@program(
+    "nn.Threshold(0.1, 20) at 0.1",
+    "torch",
+    "kink",
+    "PyTorch's nn.Threshold docs example (threshold 0.1, value 20)",
+    "activation-jump",
+    "t-threshold",
+)
+def _():
+    torch, _ = _t()
+    m = torch.nn.Threshold(0.1, 20.0)
+    return _tsan(lambda: m(_R([0.1, 0.7, -1.0])).sum())  # L:t-threshold
+
+
+@program(
+    "RReLU (eval) MLP at 0", "torch", "kink", "PyTorch's nn.RReLU(0.1, 0.3) docs example, eval "
+    "mode (slope 0.2)", "activation-corner", "torch-act",
+)  # fmt: skip
+def _():
+    torch, _ = _t()
+    return _tact_mlp(torch.nn.RReLU(0.1, 0.3).eval())
+
+
+@program(
+    "DCGAN LeakyReLU(0.2, inplace) at 0",
+    "torch",
+    "kink",
+    "pytorch/examples dcgan Discriminator's nn.LeakyReLU(0.2, inplace=True)",
+    "activation-corner",
+    "torch-act",
+)
+def _():
+    torch, _ = _t()
+    return _tact_mlp(torch.nn.LeakyReLU(0.2, inplace=True))
+
+
+@program("PReLU(init=1) MLP at 0", "torch", "clean", "nn.PReLU with slope 1 is the identity")
+def _():
+    torch, _ = _t()
+    return _tact_mlp(torch.nn.PReLU(init=1.0))
+
+
+@program(
+    "SR output clamp_(0, 1) beyond the range",
+    "torch",
+    "clean",
+    "super-resolution training clipping its prediction in place, values outside [0, 1]",
+)
+def _():
+    torch, _ = _t()
+    w = _R([2.0, -0.5, 0.25])
+    return _tsan(lambda: ((w * 1.0).clamp_(0.0, 1.0) - 0.5).pow(2).sum())
+
+
 # ---- the run --------------------------------------------------------------------------------
 
 
