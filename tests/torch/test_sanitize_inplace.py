@@ -153,3 +153,26 @@ def test_clamp_at_a_float32_bound_is_flagged(call):
     (f,) = report.findings
     assert f.catalog_id == "clip-at-bound" and f.where.line == call.__code__.co_firstlineno
     assert f.index == (0,) and f.count == 1
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["ReLU", "ReLU(inplace)"])
+def test_kink_inside_a_non_reentrant_checkpoint(inplace):
+    """sanitize's probes inside a checkpointed region are not the region's saved tensors (a
+    CheckpointError 'a different number of tensors was saved' before); the kink is flagged."""
+    import torch.utils.checkpoint as cp
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 4)
+    with torch.no_grad():
+        lin.bias.zero_()
+    act = torch.nn.ReLU(inplace=inplace)
+
+    def blk(x):
+        return act(lin(x))  # checkpointed
+
+    with gst.sanitize() as report:
+        x = torch.zeros(2, 3, requires_grad=True)
+        cp.checkpoint(blk, x, use_reentrant=False).sum().backward()
+    (f,) = report.findings
+    assert f.catalog_id == "relu-at-zero" and f.where.line == line_of("checkpointed")
+    assert f.count == 8

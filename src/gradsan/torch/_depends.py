@@ -107,6 +107,10 @@ class Check:
         return False, NO_EFFECT
 
 
+def _keep(t: Any) -> Any:
+    return t
+
+
 def _np(t: Any) -> np.ndarray:
     if isinstance(t, torch.Tensor):
         return t.detach().to(torch.float64).cpu().numpy()
@@ -217,7 +221,9 @@ class Checker:
         res = []
         self.probing = True
         try:
-            with torch.enable_grad():
+            # identity saved-tensor hooks: a non-reentrant checkpoint's own hooks would count
+            # the probes' saved tensors as the region's (its recomputation then differs)
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
                 # one J^T u pass (u -> J^T u is linear), differentiated once per direction
                 us = [torch.zeros_like(v, requires_grad=True) for v in live]
                 gs = unwrapped_grad(

@@ -18,6 +18,7 @@ from .._events import Kink
 from .._report import _messages
 from .._report._build import build
 from . import _conventions, _depends, _rules
+from ._compat import in_functorch
 from ._explain import BACKEND, Namer, _EagerTracer, _scope, explain
 from ._mode import Tag, Tracer
 
@@ -297,6 +298,10 @@ def _reduce_value(ev: Kink, name: str, operands: list, kwargs: dict) -> Kink:
     )
 
 
+def _keep(t: Any) -> Any:
+    return t
+
+
 class _KinkTracer(_EagerTracer):
     """The tracer, reading each kink while the graph that led to it is alive: the kink event
     (catalog masks) and whether the gradient depends on it (:mod:`gradsan.torch._depends`)."""
@@ -327,14 +332,18 @@ class _KinkTracer(_EagerTracer):
         if op not in _rules.KINK_OPS or not _rules.is_inplace(name, args, kwargs):
             return
         x = args[0] if args else kwargs.get("input")
-        if not isinstance(x, torch.Tensor):
-            return
+        if not isinstance(x, torch.Tensor) or self._dmode_on or in_functorch():
+            return  # recomputed in backward, a transform's tensors: said unchecked
         at = False
-        if torch.is_grad_enabled():  # else no gradient flows through the call
-            operands, params = _rules.operands_for(name, args, kwargs)
-            tag = Tag(name, op, None)
-            at = kink_event(self, tag, name, list(operands), dict(params), {}) is not None
-        copy = self.checker.pin(x) if at else None
+        try:
+            if torch.is_grad_enabled():  # else no gradient flows through the call
+                operands, params = _rules.operands_for(name, args, kwargs)
+                tag = Tag(name, op, None)
+                at = kink_event(self, tag, name, list(operands), dict(params), {}) is not None
+            with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+                copy = self.checker.pin(x) if at else None
+        except Exception:  # an operand or a graph it cannot read: said unchecked
+            return
         # at a kink whose tangents could not be read (x needs none): said unchecked
         self._pre = None if at and copy is None else (name, x, copy)
 
@@ -377,6 +386,14 @@ class _KinkTracer(_EagerTracer):
         self._record(tag, nm, operands, params, args, kwargs, out)
 
     def _record(
+        self, tag: Tag, nm: str, operands: Any, params: Any, args: tuple, kwargs: dict, out: Any
+    ) -> None:
+        # identity saved-tensor hooks: a non-reentrant checkpoint's own hooks would count the
+        # tensors sanitize's probes save as the region's (its recomputation then differs)
+        with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            self._record_hooked(tag, nm, operands, params, args, kwargs, out)
+
+    def _record_hooked(
         self, tag: Tag, nm: str, operands: Any, params: Any, args: tuple, kwargs: dict, out: Any
     ) -> None:
         outs = out if isinstance(out, tuple) else (out,)
