@@ -152,3 +152,53 @@ def test_corner_and_jump_without_dependence_are_counted():
     assert report.findings == []
     (note,) = report.notes
     assert "1 same function" in note
+
+
+# fn, params, the PyTorch function of them
+SLOPES = [
+    ("leaky_relu", {"negative_slope": 0.1}, lambda t: F.leaky_relu(t, 0.1)),
+    ("prelu", {"negative_slope": 0.25}, lambda t: F.prelu(t, torch.tensor([0.25], dtype=t.dtype))),
+    ("rrelu", {"lower": 0.1, "upper": 0.3}, lambda t: F.rrelu(t, 0.1, 0.3, training=False)),
+    ("elu", {"alpha": 0.5}, lambda t: F.elu(t, 0.5)),
+    ("selu", {}, F.selu),
+    ("hardswish", {}, F.hardswish),
+    ("hardsigmoid", {}, F.hardsigmoid),
+    ("softshrink", {"lambd": 0.5}, lambda t: F.softshrink(t, 0.5)),
+    ("threshold", {"threshold": 0.5, "value": 0.5}, lambda t: F.threshold(t, 0.5, 0.5)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SLOPES, ids=[c[0] for c in SLOPES])
+def test_catalog_one_sided_slopes_are_pytorchs(case):
+    """The catalog's one-sided slopes at each corner against PyTorch's own function: the
+    one-sided difference quotients in float64 (not the catalog's numbers copied)."""
+    from gradsan._catalog.entries.kinks import activation_corners
+
+    fn, params, f = case
+    corners = activation_corners(fn, {"fn": fn, **params})
+    assert corners
+    h = 1e-7
+    for c, left, right in corners:
+        x = torch.tensor([c - h, c, c + h], dtype=torch.float64)
+        y = f(x)
+        assert float((y[1] - y[0]) / h) == pytest.approx(left, abs=1e-5)
+        assert float((y[2] - y[1]) / h) == pytest.approx(right, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "fn, params, f",
+    [
+        ("hardshrink", {"lambd": 0.5}, lambda t: F.hardshrink(t, 0.5)),
+        ("threshold", {"threshold": 0.5, "value": -1.0}, lambda t: F.threshold(t, 0.5, -1.0)),
+    ],
+    ids=["hardshrink", "threshold"],
+)
+def test_catalog_jump_limits_are_pytorchs(fn, params, f):
+    from gradsan._catalog.entries.kinks import activation_corners, activation_jumps
+
+    jumps = activation_jumps(fn, {"fn": fn, **params})
+    assert jumps and not activation_corners(fn, {"fn": fn, **params})
+    for c, left, right in jumps:
+        y = f(torch.tensor([c - 1e-9, c + 1e-9], dtype=torch.float64))
+        assert float(y[0]) == pytest.approx(left, abs=1e-8)
+        assert float(y[1]) == pytest.approx(right, abs=1e-8)
