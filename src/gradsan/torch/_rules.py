@@ -361,8 +361,8 @@ def node_operands(node: Any) -> tuple[str | None, list[Any], dict]:
         return None, [], {}
     try:
         if op in ("div", "pow", "atan2"):
-            if stem == "Reciprocal":
-                return op, [1.0, node._saved_result], {}
+            if stem == "Reciprocal":  # saves 1 / y only: y is 1 / result (0 where it is inf)
+                return op, [1.0, 1.0 / node._saved_result.detach()], {}
             other = getattr(node, "_saved_other", None)
             if other is None:
                 other = getattr(node, "_saved_exponent", None)
