@@ -29,3 +29,28 @@ def test_reciprocal_is_a_division_by_zero_with_a_verified_fix():
     verified = [p for p in f.fixes if p.status == "verified"]
     assert any("safe.div(1.0, x)" in p.replacement for p in verified), str(report)
     assert "gradsan catalog div-by-zero" in str(report)
+
+
+def lse_masked(x):
+    z = torch.where(torch.tensor([False, False]), x, -torch.inf)  # the -inf comes in here
+    loss = torch.logsumexp(z, 0)  # and is born a finding here: log(0), as JAX says
+    loss.backward()
+    return loss
+
+
+def test_logsumexp_of_a_masked_row_is_born_at_the_logsumexp_as_in_jax():
+    import jax
+    import jax.numpy as jnp
+
+    import gradsan.jax as gsj
+
+    def jax_lse(x):
+        z = jnp.where(jnp.array([False, False]), x, -jnp.inf)
+        return jax.nn.logsumexp(z)
+
+    jf = _nonfinite(gsj.explain(jax_lse)(jnp.array([0.0, 1.0])))[0]
+    report = gst.explain(lse_masked)(torch.tensor([0.0, 1.0], requires_grad=True))
+    (tf,) = _nonfinite(report)
+    assert tf.catalog_id == jf.catalog_id == "logsumexp-all-neg-inf", str(report)
+    assert "torch.logsumexp(z, 0)" in tf.where.code and tf.primitive == "logsumexp"
+    assert "where" not in tf.title.lower()

@@ -103,6 +103,7 @@ FUNC_OPS: dict[str, str] = {
     "where": "select_n",
     "det": "det",
     # library functions (reported with library=...)
+    "logsumexp": "logsumexp",
     "norm": "norm",
     "vector_norm": "norm",
     "std": "std",
@@ -297,6 +298,9 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
         return [lo, a[0], hi], {}
     if op == "activation":
         return a[:1], activation_params(name, a, kwargs)
+    if op == "logsumexp":  # torch.logsumexp(input, dim, keepdim=False)
+        dim = kwargs.get("dim", a[1] if len(a) > 1 else None)
+        return a[:1], {"dim": dim, "keepdim": kwargs.get("keepdim", a[2] if len(a) > 2 else False)}
     if op in ("reduce_max", "reduce_min", "sort", "top_k", "argmax"):
         params = {}
         dim = kwargs.get("dim", a[1] if len(a) > 1 and isinstance(a[1], int) else None)
