@@ -54,3 +54,30 @@ def test_logsumexp_of_a_masked_row_is_born_at_the_logsumexp_as_in_jax():
     assert tf.catalog_id == jf.catalog_id == "logsumexp-all-neg-inf", str(report)
     assert "torch.logsumexp(z, 0)" in tf.where.code and tf.primitive == "logsumexp"
     assert "where" not in tf.title.lower()
+
+
+def half_square(x):
+    y = x.half() * 300.0  # finite: -6000 in float16
+    loss = (y * y).sum()  # finite value; its gradient 2 * y * 300 = -3.6e6 is not
+    loss.backward()
+    return loss
+
+
+def test_float16_overflow_in_the_backward_is_classified_as_in_jax():
+    import jax
+    import jax.numpy as jnp
+
+    import gradsan.jax as gsj
+
+    def jax_half_square(x):
+        y = x.astype(jnp.float16) * 300.0
+        return jnp.sum(y * y)
+
+    jr = gsj.explain(jax.value_and_grad(jax_half_square))(jnp.array([0.0, -20.0]))
+    report = gst.explain(half_square)(torch.tensor([0.0, -20.0], requires_grad=True))
+    jgrad = [f for f in _nonfinite(jr) if f.phase == "gradient"]
+    tgrad = [f for f in _nonfinite(report) if f.phase == "gradient"]
+    assert jgrad and tgrad, str(report)
+    assert jgrad[0].catalog_id == tgrad[0].catalog_id == "float16-overflow", str(report)
+    assert tgrad[0].where.code.strip().startswith("y = x.half() * 300.0")
+    assert "65504" in tgrad[0].explanation

@@ -25,6 +25,7 @@ from .._userfile import is_user_file
 from . import _compat, _rules
 from ._born import born_of_masks
 from ._compat import TorchDispatchMode, TorchFunctionMode
+from ._half import backward_overflow
 from ._source import frame_of, user_frame, user_frame_object
 from ._zero import has_zero, record_backward, record_forward, zero_literal, zero_source
 
@@ -136,6 +137,7 @@ class Event:
     intentional: bool = False
     # born here from intentional infs only: singular there by the catalog (torch/_born.py)
     born: bool = False
+    overflow: Any = None  # a backward op's float16-overflow hit (torch/_half.py)
     zero_src: Any = None  # what made the zero exact (gradsan._blame.ZeroSource)
     values: tuple | None = None  # a poison's two operand values at its first NaN
 
@@ -557,6 +559,8 @@ class Tracer:
                 has_nan_in = has_nan_in or a_nan
             name = _aten_name(func)
             ev = Event("backward", name, _tag_of(node), node, o, inputs, nan=nan)
+            if not inputs and not nan:  # inf from finite operands: a half-precision overflow?
+                ev.overflow = backward_overflow(name, args, o)
             if nan and not has_nan_in:
                 ev.nan_new = True
                 self._indeterminate(ev, name, args, node)
