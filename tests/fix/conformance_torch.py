@@ -114,6 +114,15 @@ def var_one_sample(x):
     return torch.var(x[:1])  # L:var-of-constant
 
 
+def float16_overflow(x):
+    return torch.exp(x.half() + 12.0).sum()  # L:float16-overflow
+
+
+def logsumexp_neg_inf(x):
+    z = torch.where(torch.tensor([False, False]), x, -torch.inf)
+    return torch.logsumexp(z, 0)  # L:logsumexp-all-neg-inf
+
+
 def softmax_neg_inf(x):
     z = torch.where(torch.tensor([False, False]), x, -torch.inf)
     return torch.softmax(z, 0).sum()  # L:softmax-all-neg-inf
@@ -207,6 +216,8 @@ TRIGGERS = {
     "norm-at-zero": (norm_zero, [0.0, 1.0], "clarke", "sanitize"),
     "std-of-constant": (std_const, [0.0, 1.0], [0.0, 0.0], "sanitize"),
     "var-of-constant": (var_one_sample, [0.0, 1.0], None, "explain"),
+    "float16-overflow": (float16_overflow, [0.0, -20.0], None, "explain"),
+    "logsumexp-all-neg-inf": (logsumexp_neg_inf, [0.0, 1.0], None, "explain"),
     "softmax-all-neg-inf": (softmax_neg_inf, [0.0, 1.0], None, "explain"),
     "where-trap": (where_trap, [0.0, 2.0], [0.0, 0.5], "explain"),
     "nonfinite-input": (nonfinite_input, [float("nan"), 1.0], None, "explain"),

@@ -69,14 +69,6 @@ NO_TRIGGER = {
         "value that gradsan reports as the 0 / 0 of the division (div-by-zero)"
     ),
     ("torch", "cbrt-at-zero"): "torch has no cbrt op (x ** (1/3) is pow-fractional-at-zero)",
-    ("torch", "logsumexp-all-neg-inf"): (
-        "torch's blame names the torch.where that brought the -inf constants in "
-        "(where-at-boundary), not the logsumexp (torch/_explain.py, not this suite's code)"
-    ),
-    ("torch", "float16-overflow"): (
-        "torch locates a float16 overflow at its line but does not classify it as "
-        "float16-overflow (the torch backend has no half-precision overflow hook)"
-    ),
     ("torch", "i0e-at-zero"): (
         "torch's i0e derivative at 0 is 0 (sign(0) = 0), inside the admissible set [-1, 1]: "
         "sanitize rightly reports nothing"

@@ -340,3 +340,27 @@ def test_standardize_values(backend, dtype):
         np.testing.assert_allclose(out, xm / den, rtol=1e-5 if dtype == np.float32 else 1e-12)
     with pytest.raises(ValueError, match="form must be"):
         backend.value(lambda s, xp, a: s.standardize(a, form="bogus"), x)
+
+
+def test_xlogy_at_the_origin_one_sided(backend):
+    """safe.xlogy at (0, 0), against mpmath's one-sided quotients: its 0 in ``y`` is the true
+    partial (xlogy(0, k) = 0), its 0 in ``x`` a convention (xlogy(h, 0) = -inf, no quotient),
+    and on the diagonal xlogy(x, x) its 0 is not the slope of x log x (the quotient diverges
+    to -inf: safe.xlogx gives that -inf)."""
+    f = lambda x, y: x * mp.log(y) if x else mp.mpf(0)
+    hs = [mp.mpf(10) ** -k for k in (10, 20, 30)]
+    with mp.workdps(50):
+        in_y = [(f(0, h) - f(0, 0)) / h for h in hs]
+        along_x = [f(h, 0) for h in hs]
+        diag = [(f(h, h) - f(0, 0)) / h for h in hs]
+        at_2 = [(f(h, 2) - f(0, 2)) / h for h in hs]
+    gx, gy = backend.grad(lambda s, xp, x, y: s.xlogy(x, y), 0.0, 0.0, argnums=(0, 1))
+    assert all(q == 0 for q in in_y) and gy == 0  # the true partial
+    assert all(v == -inf for v in along_x) and gx == 0  # no derivative: the convention
+    (gd,) = backend.grad(lambda s, xp, x: s.xlogy(x, x), 0.0)
+    assert diag[-1] < diag[-2] < diag[0] < -20 and gd == 0  # not the slope there
+    (gl,) = backend.grad(lambda s, xp, x: s.xlogx(x), 0.0)
+    assert gl == -inf
+    gx2, gy2 = backend.grad(lambda s, xp, x, y: s.xlogy(x, y), 0.0, 2.0, argnums=(0, 1))
+    assert abs(float(at_2[-1]) - math.log(2)) < 1e-12 and abs(gx2 - math.log(2)) < 1e-12
+    assert gy2 == 0

@@ -42,17 +42,24 @@ class Fix:
     statement (a rewriter of :mod:`gradsan._fix`): ``"safe"`` (the call rewritten to the entry's
     safe twin with the same arguments), ``"double_where"``, ``"clamp_safe"``, ``"fold_pow"``,
     ``"log_prob"``; None when it is advice that cannot be written from the program (a report
-    prints its summary only)."""
+    prints its summary only). ``torch_summary`` is the summary torch reports print, where the
+    torch twin is different advice (None: ``summary`` serves both)."""
 
     summary: str
     jax: str
     torch: str | None = None
     rewrite: str | None = None
+    torch_summary: str | None = None
 
     def code(self, backend: str = "jax") -> str:
         if backend == "torch" and self.torch:
             return self.torch
         return self.jax
+
+    def summary_for(self, backend: str = "jax") -> str:
+        if backend == "torch" and self.torch_summary:
+            return self.torch_summary
+        return self.summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +115,9 @@ class Singularity:
                 lines.append(f"  {i}. {fix.summary}")
                 lines += ["       " + ln for ln in fix.jax.splitlines()]
                 if fix.torch:
-                    lines.append("     PyTorch:")
+                    lines.append(
+                        "     PyTorch:" + (f" {fix.torch_summary}" if fix.torch_summary else "")
+                    )
                     lines += ["       " + ln for ln in fix.torch.splitlines()]
         return "\n".join(lines)
 

@@ -89,11 +89,12 @@ def proposals(entry_id: str | None, backend: str, where: Frame | None) -> list[F
             if got is not None:
                 add(got[0], got[1])
     for fx in entry.fixes:
-        if "still singular" in fx.summary:
+        summary = fx.summary_for(backend)
+        if "still singular" in summary:
             continue
         rw = _code_for(site, fx, entry, backend) if site is not None else None
-        if not add(fx.summary, rw):
-            prose.append(FixProposal(summary=_prose(fx.summary), backend=backend, status="prose"))
+        if not add(summary, rw):
+            prose.append(FixProposal(summary=_prose(summary), backend=backend, status="prose"))
     for p in code:
         if site is not None and site.in_lambda:
             p.checked = p.checked or "inside a lambda or comprehension"

@@ -270,18 +270,13 @@ def _torch_box(prog: Any) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
 
 def _torch_check(prog: Any, f: Finding, p: FixProposal, box: tuple, adm: Any) -> tuple[str, str]:
     from ._verify import _show
-    from ._verify_torch import _copy, _moved, _step
+    from ._verify_torch import Ran, _copy, _moved, _step, run_fixed, same_value
 
-    try:
-        a, k = _copy(prog.args, prog.kwargs)
-        value, grads = _step(prog.fn, a, k)
-    except Exception as e:
-        return "failed", f"the fixed step raised {type(e).__name__}"
-    if grads is None or not all(np.isfinite(g).all() for g in grads):
-        return "failed", "the fixed gradient is not finite at the kink"
-    if value is None or prog.value is None:
-        return "unverified", "the step returns no scalar loss to compare"
-    if not np.isclose(value, prog.value, rtol=2e-4, atol=1e-6):
+    ran = run_fixed(prog, "the fixed gradient is not finite at the kink")
+    if not isinstance(ran, Ran):
+        return ran
+    value, grads = ran
+    if not same_value(value, prog.value):
         return "failed", "the fix changes the forward value"
     if not _in_box(grads, *box):
         return "failed", (

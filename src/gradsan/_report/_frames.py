@@ -9,12 +9,12 @@ from types import CodeType
 
 from ._records import Frame
 
-_frames: dict[tuple[CodeType, int], Frame | None] = {}
+_frames: dict[tuple[CodeType, str, int], Frame | None] = {}
 
 
 def frame_at(code: CodeType, lasti: int, lineno: int | None = None) -> Frame | None:
     """The Frame of the instruction at byte offset ``lasti`` of ``code`` (cached)."""
-    key = (code, lasti)
+    key = (code, code.co_filename, lasti)  # code equality ignores the file name
     if key in _frames:
         return _frames[key]
     line = col = end = None

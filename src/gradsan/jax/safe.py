@@ -367,10 +367,15 @@ def xlogy(x: ArrayLike, y: ArrayLike) -> jax.Array:
     """``x * log(y)``, 0 where ``x == 0``, with finite derivatives at ``y = 0``.
 
     ``xlogy(x, y) = jax.scipy.special.xlogy(x, y)``, bit for bit. The derivatives are
-    ``log(y)`` in ``x`` and ``x / y`` in ``y`` for ``y > 0``; except under
-    differentiation, we take **both to be 0 where y <= 0** (at ``(0, 0)``, where the value is
-    0, and where the value is +-inf or NaN). At ``x = 0, y > 0`` they are the true
-    ``(log(y), 0)``.
+    ``log(y)`` in ``x`` and ``x / y`` in ``y`` for ``y > 0``, and **both are 0 where
+    y <= 0**. At ``x = 0`` the one in ``y`` is the true partial derivative (``xlogy(0, y)``
+    is 0 for every ``y``, so also at ``(0, 0)``); the one in ``x`` at ``y = 0`` is a
+    convention (``xlogy(h, 0)`` is -inf for every ``h > 0``: there is no derivative). At
+    ``x = 0, y > 0`` they are the true ``(log(y), 0)``.
+
+    ``xlogy(x, x)`` at 0 therefore gets gradient 0, while ``x * log(x)`` has the one-sided
+    derivative -inf there: fine where that element is masked out (its cotangent is 0), a
+    silent wrong slope where it is not. For ``x * log(x)`` itself use :func:`xlogx`.
 
     Why the naive ``x * log(y)`` gives NaN: at ``(0, 0)`` the value ``0 * -inf`` is already
     NaN; ``jax.scipy.special.xlogy`` fixes the value, but its derivative in ``x`` is

@@ -319,8 +319,8 @@ def origin_event(
         )
     tag = root.tag
     hit = _hit(tag)
-    if hit is None and isinstance(root, Event) and root.phase == "forward":
-        hit = _overflow(tag, root.out)
+    if hit is None and isinstance(root, Event):
+        hit = _overflow(tag, root.out) if root.phase == "forward" else root.overflow
     entry_id = hit.entry_id if hit else None
     library = tag.library if tag is not None and tag.library else None
     if entry_id is None and tag is not None:

@@ -23,7 +23,9 @@ from .._blame import Blame
 from .._report import Frame
 from .._userfile import is_user_file
 from . import _compat, _rules
+from ._born import born_of_masks
 from ._compat import TorchDispatchMode, TorchFunctionMode
+from ._half import backward_overflow
 from ._source import frame_of, user_frame, user_frame_object
 from ._zero import has_zero, record_backward, record_forward, zero_literal, zero_source
 
@@ -133,6 +135,9 @@ class Event:
     # an inf the user wrote on purpose (masked_fill(mask, -inf)): not the problem by itself;
     # the NaN is born where two such infinities meet (softmax of a fully masked row)
     intentional: bool = False
+    # born here from intentional infs only: singular there by the catalog (torch/_born.py)
+    born: bool = False
+    overflow: Any = None  # a backward op's float16-overflow hit (torch/_half.py)
     zero_src: Any = None  # what made the zero exact (gradsan._blame.ZeroSource)
     values: tuple | None = None  # a poison's two operand values at its first NaN
 
@@ -456,7 +461,8 @@ class Tracer:
         elif inputs and not nan and all(_constant_mask(a, p) for a, p in inputs):
             # -inf from a constant tensor built before the step (torch.tensor(numpy_array),
             # torch.full, a saved mask): an intentional mask, not the problem by itself
-            ev.intentional = True
+            ev.born = born_of_masks(tag)  # unless this op is singular there (logsumexp)
+            ev.intentional = not ev.born
         self.fwd[key(t)] = ev
 
     def _record_bool(self, name: str, args: tuple, outs: list) -> None:
@@ -557,6 +563,8 @@ class Tracer:
                 has_nan_in = has_nan_in or a_nan
             name = _aten_name(func)
             ev = Event("backward", name, _tag_of(node), node, o, inputs, nan=nan)
+            if not inputs and not nan:  # inf from finite operands: a half-precision overflow?
+                ev.overflow = backward_overflow(name, args, o)
             if nan and not has_nan_in:
                 ev.nan_new = True
                 self._indeterminate(ev, name, args, node)
@@ -752,7 +760,7 @@ class _Dataflow:
 
     @staticmethod
     def is_poison(v: Event | External) -> bool:
-        return isinstance(v, Event) and v.nan_new
+        return isinstance(v, Event) and (v.nan_new or v.born)
 
     @staticmethod
     def is_intentional(r: Event | External) -> bool:

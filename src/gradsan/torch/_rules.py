@@ -114,6 +114,7 @@ FUNC_OPS: dict[str, str] = {
     "where": "select_n",
     "det": "det",
     # library functions (reported with library=...)
+    "logsumexp": "logsumexp",
     "norm": "norm",
     "vector_norm": "norm",
     "std": "std",
@@ -309,6 +310,9 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
         return [_in_dtype(lo, a[0]), a[0], _in_dtype(hi, a[0])], {}
     if op == "activation":
         return a[:1], activation_params(name, a, kwargs)
+    if op == "logsumexp":  # torch.logsumexp(input, dim, keepdim=False)
+        dim = kwargs.get("dim", a[1] if len(a) > 1 else None)
+        return a[:1], {"dim": dim, "keepdim": kwargs.get("keepdim", a[2] if len(a) > 2 else False)}
     if op in ("reduce_max", "reduce_min", "sort", "top_k", "argmax"):
         params = {}
         dim = kwargs.get("dim", a[1] if len(a) > 1 and isinstance(a[1], int) else None)
@@ -405,8 +409,8 @@ def node_operands(node: Any) -> tuple[str | None, list[Any], dict]:
         return None, [], {}
     try:
         if op in ("div", "pow", "atan2"):
-            if stem == "Reciprocal":
-                return op, [1.0, node._saved_result], {}
+            if stem == "Reciprocal":  # saves 1 / y only: y is 1 / result (0 where it is inf)
+                return op, [1.0, 1.0 / node._saved_result.detach()], {}
             other = getattr(node, "_saved_other", None)
             if other is None:
                 other = getattr(node, "_saved_exponent", None)

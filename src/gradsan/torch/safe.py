@@ -451,7 +451,11 @@ class _Xlogy(torch.autograd.Function):
 
 def xlogy(x, y) -> Tensor:
     """``torch.xlogy(x, y)`` (0 where ``x == 0``); derivatives ``(log y, x / y)`` for ``y > 0``
-    and ``(0, 0)`` where ``y <= 0``, so the gradient at ``(0, 0)`` is 0 instead of NaN.
+    and ``(0, 0)`` where ``y <= 0``, so the gradient at ``(0, 0)`` is 0 instead of NaN: in ``y``
+    the true partial derivative (``xlogy(0, y)`` is 0 for every ``y``), in ``x`` a convention
+    (``xlogy(h, 0)`` is -inf for ``h > 0``). ``xlogy(x, x)`` at 0 thus gets 0 where
+    ``x * log(x)`` has the one-sided derivative -inf: right under a mask, a wrong slope
+    otherwise; for ``x * log(x)`` use :func:`xlogx`.
 
     Example:
         >>> import torch

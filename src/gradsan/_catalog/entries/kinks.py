@@ -193,8 +193,8 @@ CLIP_AT_BOUND = Singularity(
     },
     explanation=(
         "clip is Lipschitz with corners at both bounds, where every value in [0, 1] is a valid "
-        "subgradient. JAX's jnp.clip splits the tie (0.5), lax.clamp gives 0 and PyTorch gives "
-        "1, so a value sitting exactly on a bound (a probability clipped to [0, 1] that is 0.0, "
+        "subgradient. JAX's clip splits the tie (0.5), its clamp gives 0 and PyTorch's clamp "
+        "gives 1, so a value sitting exactly on a bound (a probability clipped to [0, 1] that is 0.0, "
         "a clipped action at its limit) gets a different gradient in each."
     ),
     fixes=(
@@ -463,10 +463,10 @@ I0E_AT_ZERO = Singularity(
         "torch": "torch.special.i0e gives 0.0 at 0; torch.special.i0 gives 0.0 (exact)",
     },
     explanation=(
-        "i0e(x) = exp(-|x|) I0(x) keeps abs's corner at 0. jax.scipy.special.i0 multiplies it "
-        "by exp(|x|): the two corners cancel in the function (I0 is smooth) but not in AD, "
-        "whose conventions at 0 (1 for |x|, 0 for i0e) do not match, so grad(i0)(0.) is 1.0 "
-        "where the derivative is 0."
+        "i0e(x) = exp(-|x|) I0(x) keeps abs's corner at 0. JAX's i0 multiplies it by "
+        "exp(|x|): the two corners cancel in the function (I0 is smooth) but not in AD, "
+        "whose conventions at 0 (1 for |x|, 0 for i0e) do not match, so JAX's gradient of i0 "
+        "at 0 is 1.0 where the derivative is 0."
     ),
     fixes=(
         Fix(

@@ -222,6 +222,8 @@ SOFTMAX_ALL_NEG_INF = Singularity(
             "Pass the mask to softmax (JAX), or mask with the most negative finite number:",
             "p = jax.nn.softmax(z, where=mask)",
             "p = torch.softmax(z.masked_fill(~mask, torch.finfo(z.dtype).min), dim=-1)",
+            torch_summary="Mask with the most negative finite number, not -inf (masked_fill "
+            "with torch.finfo(z.dtype).min):",
         ),
         Fix(
             "Pass the mask to gradsan's safe softmax / log_softmax: a fully masked row gets "

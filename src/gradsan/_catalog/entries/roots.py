@@ -298,7 +298,7 @@ POW_EXPONENT_GRAD_AT_ZERO_BASE = Singularity(
     explanation=(
         "The exponent's derivative has a factor log(a), which is -inf at a = 0, times a ** p, "
         "which is 0 there for p > 0. The true derivative is 0 for p > 0, and both frameworks "
-        "special-case their power so that jnp.power and torch.pow return it. The NaN appears when "
+        "special-case their power function so that it returns it. The NaN appears when "
         "the power is written by hand as exp(p * log(a)) (or in log-space code that does the "
         "same), and for p <= 0, where 0 ** p jumps from inf to 1 to 0. The Zygote thread's "
         "A0 .^ theta with a 0 in A0 differentiates through exactly this term."
