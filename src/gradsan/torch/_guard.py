@@ -199,12 +199,17 @@ class guard:
     **before the update**, so parameters and optimizer state are never touched by a non-finite
     gradient. Gradients returned by ``torch.func`` transforms and ``torch.autograd.grad`` are
     checked where they are returned. On failure gradsan replays the step eagerly (also when the
-    model is ``torch.compile``'d) under the tracer and raises. The replay has no side effects:
-    the step gets the batches it took from its iterators (never pulled again), the RNG state of
-    its start and the parameters its forward saw; no optimizer or LR scheduler steps; buffers,
-    RNG state and parameters are then put back to what the step left. When that cannot be done
-    (an earlier optimizer's update in the step that gradsan kept no copy of, a replay asking an
-    iterator for more), the error says so and names the non-finite gradients the step left.
+    model is ``torch.compile``'d) under the tracer and raises. The replay calls the step
+    function again, so **the step's Python runs a second time**; what would change training is
+    replayed, skipped or put back: the step gets the batches it took from its iterators (never
+    pulled again), the RNG state of its start and the parameters its forward saw; no optimizer
+    or LR scheduler steps; buffers, RNG state and parameters are then put back to what the step
+    left. The lists, dicts, sets and numbers the step names (closure, globals, a bound method's
+    object) are compared after the replay and put back, and the report's note names what the
+    replay changed; anything else (a print, logging, a file write) happens twice, and the note
+    says so. When the replay cannot be done safely (an earlier optimizer's update in the step
+    that gradsan kept no copy of, a replay asking an iterator for more), the error says so and
+    names the non-finite gradients the step left.
 
     As a context manager (``with gradsan.torch.guard(model): ...``) it checks the same way but
     cannot replay a with-block: the error names the non-finite gradients; wrap the step in a
@@ -309,8 +314,8 @@ class guard:
         check: _StepCheck,
         plan: _distributed.GuardPlan | None = None,
     ) -> None:
-        """Explain the failing step: run its forward and backward again under the tracer,
-        with the step's inputs, batches, parameters and RNG state, and no side effect."""
+        """Explain the failing step: call it again under the tracer, with the step's inputs,
+        batches, parameters and RNG state (_replay.py says what runs twice and what not)."""
         watched = self._watched(args, kwargs)
         if check.stepped and not check.before:
             names = ", ".join(type(o).__name__ for o in check.stepped)
@@ -353,6 +358,7 @@ class guard:
         report.notes.extend(self._dist_notes)  # gradsan.torch._distributed
         problem: str | None = None
         args, kwargs = _replay.replay_args(args, kwargs)
+        python = _replay.PythonState(self._bindings)  # the step's Python runs again
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_eager())
@@ -383,6 +389,7 @@ class guard:
         finally:
             tracer.__exit__(None, None, None)
             session.tracer = None
+            ran_twice = _replay.ran_twice_note(python.restore())
             left.restore()  # buffers, and parameters an earlier optimizer had updated
             for p, g in grads_left:
                 if p.grad is None:
@@ -400,10 +407,12 @@ class guard:
                 self._from_record(
                     self._recorded(watched, grads_left),
                     f"the step could not be replayed without side effects: {problem}",
+                    ran_twice,
                 )
             )
         session.finish(tracer)
         report.notes.extend(n for n in [_untilborn.note(tracer)] if n and not report.ok)
+        report.notes.append(ran_twice)
         report.outputs = out
         if report.ok:
             report.findings.append(unlocated(self._recorded(watched, grads_left)))
@@ -431,8 +440,8 @@ class guard:
             if g.is_floating_point() and not all_finite(g)
         ]
 
-    def _from_record(self, hits: list, note: str) -> Report:
-        return failure_report(getattr(self.step, "__name__", "step"), hits, [note])
+    def _from_record(self, hits: list, *notes: str) -> Report:
+        return failure_report(getattr(self.step, "__name__", "step"), hits, list(notes))
 
     # -- context manager --------------------------------------------------------------------------
     def __enter__(self) -> guard:
