@@ -4,6 +4,8 @@ gradient NaN.
 
     gradsan run examples/torch_spawn_workers.py           # stops: rank 1's report (exit 3)
     gradsan run examples/torch_spawn_workers.py --clean   # every worker checked, exit 0
+    gradsan run examples/torch_spawn_workers.py --join-false        # spawn(join=False), joined later
+    gradsan run examples/torch_spawn_workers.py --start-processes   # mp.start_processes
 """
 
 import sys
@@ -27,5 +29,14 @@ def worker(rank: int, clean: bool) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=("--clean" in sys.argv,), nprocs=2)
+    clean = "--clean" in sys.argv
+    if "--join-false" in sys.argv:
+        context = mp.spawn(worker, args=(clean,), nprocs=2, join=False)
+        print("started")
+        while not context.join():  # the script joins the workers itself
+            pass
+    elif "--start-processes" in sys.argv:
+        mp.start_processes(worker, args=(clean,), nprocs=2, start_method="spawn")
+    else:
+        mp.spawn(worker, args=(clean,), nprocs=2)
     print("done")

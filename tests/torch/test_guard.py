@@ -144,3 +144,30 @@ def test_compiled_model_is_replayed_eagerly():
     assert f.catalog_id == "sqrt-at-zero"
     assert f.where.line == line_of("distance")
     assert "cmodel.enc.weight" in {o.path for o in f.outputs}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [None, ("small", 20, float("nan")), ("large", -1, float("inf")), ("half", -1, -float("inf"))],
+)
+def test_the_fused_check_finds_any_nonfinite_element(bad):
+    """guard's one-sum check on CPU (with many gradients the small ones are stacked by shape
+    and dtype; large ones and sparse ones on their own) says non-finite exactly when an
+    element is."""
+    from gradsan.torch._guard import _MANY, finite
+
+    torch.manual_seed(0)
+    gs = {
+        "small": [torch.randn(4, 4) for _ in range(_MANY + 8)] + [torch.randn(3)],
+        "large": [torch.randn(300, 300)],
+        "half": [torch.randn(8).half() * 1000 for _ in range(3)],  # sums past float16's range
+        "f64": [torch.randn(2, 2, dtype=torch.float64)],
+        "sparse": [torch.randn(4, 4).to_sparse()],
+    }
+    if bad is not None:
+        gs[bad[0]][bad[1]].view(-1)[1] = bad[2]
+    flat = [g for v in gs.values() for g in v]
+    assert finite(flat) is (bad is None)
+    assert finite(flat[-6:]) is (bad is None or bad[0] == "small")  # few: no stacking
+    big = [torch.full((4,), 3e38) for _ in range(_MANY + 1)]  # the sum overflows, values finite
+    assert finite(big)

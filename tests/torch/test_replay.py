@@ -1,8 +1,10 @@
-"""guard's replay has no side effects: no batch is pulled again, no optimizer update or
-scheduler step is applied, parameters, buffers and the RNG stream are what a run without
-gradsan left; where the step cannot be replayed safely, the report says so."""
+"""guard's replay: no batch is pulled again, no optimizer update or scheduler step is applied,
+parameters, buffers and the RNG stream are what a run without gradsan left; the step's Python
+runs a second time and the report says so (the lists and numbers it names are put back);
+where the step cannot be replayed safely, the report says so."""
 
 import copy
+import types
 
 import pytest
 import torch
@@ -199,7 +201,9 @@ def test_replay_asks_for_more_than_the_step_took():
 
     with pytest.raises(gradsan.NonFiniteError) as ei:
         gst.guard(step)()
-    assert len(runs) == 2 and len(pulled) == 1  # nothing more came from the user's iterator
+    assert len(pulled) == 1  # nothing more came from the user's iterator
+    # the replay ran (its append to `runs` is named) and what it appended was put back
+    assert len(runs) == 1 and "`runs` (a list: 1 -> 2 items)" in str(ei.value)
     assert "could not be replayed without side effects" in str(ei.value)
     assert "`it`" in str(ei.value)
 
@@ -280,10 +284,10 @@ def test_node_level_backward_reports_what_the_full_trace_reports(prog):
 def test_files_the_step_writes_to_are_left_alone(tmp_path):
     log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - a handle the step keeps using
     lin = torch.nn.Linear(2, 1)
-    seen = []
+    box = types.SimpleNamespace(seen=[])  # (a list the replay does not put back)
 
     def step(x):
-        seen.append(type(log).__name__)  # what the step sees in its closure
+        box.seen.append(type(log).__name__)  # what the step sees in its closure
         with open(tmp_path / "other.txt", "a"):
             pass
         h = lin(x)
@@ -294,5 +298,51 @@ def test_files_the_step_writes_to_are_left_alone(tmp_path):
 
     with pytest.raises(gradsan.NonFiniteError):
         gst.guard(step)(torch.zeros(1, 2))
-    assert seen == ["TextIOWrapper", "TextIOWrapper"]  # never replaced by a stand-in
+    assert box.seen == ["TextIOWrapper", "TextIOWrapper"]  # never replaced by a stand-in
     log.close()
+
+
+CALLS = 0
+
+
+def test_the_note_says_the_steps_python_ran_twice_and_what_it_put_back():
+    torch.manual_seed(0)
+    model = Net()
+    log: list = []
+    seen: dict = {}
+
+    def step(x, bad):
+        global CALLS
+        CALLS += 1
+        loss = model(x, bad)
+        log.append(loss)  # the step's own Python side effects
+        seen[len(seen)] = bad
+        loss.backward()
+        return loss
+
+    guarded = gst.guard(step)
+    guarded(torch.randn(8, 4), False)
+    with pytest.raises(gradsan.NonFiniteError) as ei:
+        guarded(torch.randn(8, 4), True)
+    # the replay's append, insertion and increment were put back: each happened once a call
+    assert len(log) == 2 and CALLS == 2 and seen == {0: False, 1: True}
+    note = next(n for n in ei.value.report.notes if "a second time" in n)
+    assert note.startswith("the replay ran the step's Python a second time")
+    assert "`log` (a list: 2 -> 3 items)" in note and "`seen` (a dict: 2 -> 3 items)" in note
+    assert "`CALLS` (2 -> 3)" in note and "put back" in note
+    assert "a print, logging, a file write" in note and "happened twice" in note
+
+
+def test_the_note_says_so_when_nothing_it_names_changed():
+    torch.manual_seed(0)
+    model = Net()
+
+    def step(x):
+        loss = model(x, True)
+        loss.backward()
+        return loss
+
+    with pytest.raises(gradsan.NonFiniteError) as ei:
+        gst.guard(step)(torch.randn(8, 4))
+    (note,) = [n for n in ei.value.report.notes if "a second time" in n]
+    assert "were unchanged by it" in note

@@ -1,15 +1,21 @@
-"""guard's replay without side effects.
+"""guard's replay of a failing step, and what it re-runs.
 
-To explain a failing step, guard runs its forward and backward again under the tracer. The
-replay must not change training: it sees the batches the step pulled (recorded by a tap on
-each iterator the step reaches, never pulled again), the parameters as the step saw them (an
-earlier optimizer's update in the same step is undone for the replay and put back after), the
-RNG state of the step's start; no optimizer steps, no scheduler runs, and the buffers, RNG
-state and parameters are put back to what the step itself left.
+To explain a failing step, guard calls the step function again under the tracer: **the step's
+Python runs a second time**. What would change training is taken care of: the replay sees the
+batches the step pulled (recorded by a tap on each iterator the step reaches, never pulled
+again), the parameters as the step saw them (an earlier optimizer's update in the same step is
+undone for the replay and put back after), the RNG state of the step's start; no optimizer
+steps, no scheduler runs, and the buffers, RNG state and parameters are put back to what the
+step itself left. The step's own Python state that is cheap to compare (:class:`PythonState`:
+the lists, dicts, sets, deques, numbers and strings the step names through its closure, its
+globals and a bound method's object) is compared after the replay and put back; what changed
+is named in the report's note. Anything else the step's Python does (a print, logging, a
+file write, an object it reaches deeper) happens a second time, and the note says so.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 from collections.abc import Iterator
@@ -236,3 +242,90 @@ def replay_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return v
 
     return tuple(again(a) for a in args), {k: again(v) for k, v in kwargs.items()}
+
+
+_CONTAINERS = (list, dict, set, collections.deque, bytearray)
+_SCALARS = (int, float, complex, str, bytes, type(None))  # (bool is an int)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether a container holds the same items (by identity: no tensor ``__eq__``)."""
+    if isinstance(a, dict):
+        return len(a) == len(b) and all(k in b and b[k] is v for k, v in a.items())
+    if isinstance(a, set):
+        return a == b
+    if isinstance(a, bytearray):
+        return a == b
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 30 else r[:27] + "..."
+
+
+class PythonState:
+    """The step's Python state that is cheap to compare, kept before the replay: each list,
+    dict, set, deque and bytearray (a shallow copy) and each number or string the step names
+    (its closure cells, the globals its code names, a bound method's object's attributes)."""
+
+    def __init__(self, bindings: Bindings) -> None:
+        self.kept: list[tuple[Any, str, str, Any, Any]] = []  # (place, key, name, value, copy)
+        seen: set[tuple[int, str]] = set()
+        for place, key, name in bindings.places:
+            if (id(place), key) in seen:
+                continue
+            seen.add((id(place), key))
+            v = Bindings._get(place, key)
+            if type(v) in _CONTAINERS:
+                self.kept.append((place, key, name, v, type(v)(v)))
+            elif isinstance(v, _SCALARS) and not isinstance(v, Tap):
+                self.kept.append((place, key, name, v, None))
+
+    def restore(self) -> list[str]:
+        """Put back what the replay changed; each change in words ("`log` (a list: 3 -> 4
+        items)")."""
+        changed: list[str] = []
+        for place, key, name, v, saved in self.kept:
+            now = Bindings._get(place, key)
+            if saved is None:  # a number or a string: was the name rebound?
+                if now is not v and now != v:
+                    changed.append(f"`{name}` ({_short(v)} -> {_short(now)})")
+                    Bindings._set(place, key, v)
+                continue
+            if now is not v:  # rebound to another object
+                changed.append(f"`{name}` (rebound to another {type(now).__name__})")
+                Bindings._set(place, key, v)
+            if _same(saved, v):
+                continue
+            kind = type(v).__name__
+            if len(v) != len(saved):
+                changed.append(f"`{name}` (a {kind}: {len(saved)} -> {len(v)} items)")
+            else:
+                changed.append(f"`{name}` (a {kind}: its items changed)")
+            if isinstance(v, (list, bytearray)):
+                v[:] = saved
+            elif isinstance(v, collections.deque):
+                v.clear()
+                v.extend(saved)
+            else:
+                v.clear()
+                v.update(saved)
+        return changed
+
+
+def ran_twice_note(changed: list[str]) -> str:
+    """The report's note on the replay: the step's Python ran a second time."""
+    head = (
+        "the replay ran the step's Python a second time (the batches it took, optimizer and "
+        "LR scheduler steps, RNG and module state were replayed, skipped or put back)"
+    )
+    if changed:
+        return (
+            f"{head}; in the replay it changed {', '.join(changed)}: put back as the step "
+            "left it; anything else it does (a print, logging, a file write) happened twice"
+        )
+    return (
+        f"{head}; the lists, dicts, sets and numbers it names were unchanged by it; anything "
+        "else it does (a print, logging, a file write) happened twice"
+    )
