@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ._counts import memo_of, verdicts
 from ._mode import Event, External, Tracer, dispatch_mode, is_float, key, nonfinite
 from ._zero import record_backward
 
@@ -206,12 +207,17 @@ class NodeHooks:
         self.handles = []
         tr = self.tracer
         # the .grad an AccumulateGrad wrote (a copy of what came in, or the same tensor)
+        todo = []
         for node, g in self.accumulate:
-            var = node.variable
-            grad = var.grad
+            grad = node.variable.grad
             if grad is None or not is_float(grad) or key(grad) in tr.events:
                 continue
-            nf = nonfinite(grad)
+            todo.append((node, g, grad))
+        flags = verdicts([grad for *_, grad in todo], memo_of(tr))  # one check for them all
+        for (node, g, grad), nf in zip(todo, flags):
+            var = node.variable
+            if key(grad) in tr.events:
+                continue
             if nf is None:
                 continue
             prod = tr.events.get(key(g)) or tr.fwd.get(key(g))

@@ -12,12 +12,14 @@ traced), for the report's note.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
 
+from ._counts import memo_of, verdicts
 from ._mode import Event, is_float, key
-from ._nodes import NodeHooks, _nonfinite_all
+from ._nodes import NodeHooks
 
 
 class UntilBorn(NodeHooks):
@@ -34,6 +36,10 @@ class UntilBorn(NodeHooks):
         for t in roots:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 self._hook(t.grad_fn)
+        # the cyclic collector paused while the backward runs (until remove()): the hooks make
+        # many small objects and its passes over the traced forward's cost time, not memory
+        self._gc = gc.isenabled()
+        gc.disable()
 
     def _hook(self, n: Any) -> None:
         if n is None or id(n) in self.hooked or id(n) in self.reach:
@@ -98,6 +104,14 @@ class UntilBorn(NodeHooks):
                 self.handles.append(n.register_prehook(self._accumulating(n)))
 
     def remove(self) -> None:
+        try:
+            self._link()
+        finally:
+            if self._gc:
+                self._gc = False
+                gc.enable()
+
+    def _link(self) -> None:
         tr = self.tracer
         events = tr.events
         todo: list[tuple[Any, torch.Tensor, list[Event], Any]] = []
@@ -114,9 +128,12 @@ class UntilBorn(NodeHooks):
                 continue
             grad = node.variable.grad
             todo.append((node, g, births, grad if grad is not g and _real(grad) else None))
-        # what came in, and the .grad it was written to when that is another tensor: one check
-        flags = _nonfinite_all(
-            [g for _, g, _, _ in todo] + [gr for *_, gr in todo if gr is not None]
+        # what came in, and the .grad it was written to when that is another tensor: counted
+        # together (the report reads the counts again), with no sums first: a birth reaches them
+        flags = verdicts(
+            [g for _, g, _, _ in todo] + [gr for *_, gr in todo if gr is not None],
+            memo_of(tr),
+            screen=False,
         )
         nf_in, nf_grad = iter(flags[: len(todo)]), iter(flags[len(todo) :])
         for node, g, births, grad in todo:
