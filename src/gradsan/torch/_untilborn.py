@@ -19,7 +19,7 @@ import torch
 
 from ._counts import memo_of, verdicts
 from ._mode import Event, is_float, key
-from ._nodes import NodeHooks
+from ._nodes import NodeHooks, writes_grad
 
 
 class UntilBorn(NodeHooks):
@@ -45,7 +45,7 @@ class UntilBorn(NodeHooks):
         if n is None or id(n) in self.hooked or id(n) in self.reach:
             return
         self.hooked.add(id(n))
-        if hasattr(n, "variable"):  # AccumulateGrad: writes .grad
+        if writes_grad(n):  # AccumulateGrad: writes .grad
             self.handles.append(n.register_prehook(self._accumulating(n)))
         else:
             self.handles.append(n.register_hook(self._post(n)))
@@ -53,14 +53,18 @@ class UntilBorn(NodeHooks):
     def _post(self, node: Any) -> Any:
         traced = super()._post(node)
         nid = id(node)
+        tr = self.tracer
 
         def hook(grad_inputs: tuple, grad_outputs: tuple) -> Any:
             if nid in self.reach:  # after a birth: the NaN only passes through here
                 return None
+            made = len(tr.events)
             out = traced(grad_inputs, grad_outputs)
-            born = self._born(node, out if out is not None else grad_inputs)
-            if born is not None:
-                self._after(node, born)
+            # a birth is an event this Node made (the traced hook only adds events)
+            if out is not None or len(tr.events) != made:
+                born = self._born(node, out if out is not None else grad_inputs)
+                if born is not None:
+                    self._after(node, born)
             for m, _ in node.next_functions:
                 self._hook(m)
             return out
@@ -94,10 +98,11 @@ class UntilBorn(NodeHooks):
                 continue
             seen.add(id(n))
             self.alive.append(n)  # ids are keys: the Node's Python object must stay the same
-            if id(n) not in self.reach and not hasattr(n, "variable"):
+            acc = writes_grad(n)
+            if id(n) not in self.reach and not acc:
                 self.skipped += 1
             self.reach.setdefault(id(n), []).append(born)
-            if not hasattr(n, "variable"):
+            if not acc:
                 stack.extend(m for m, _ in n.next_functions if m is not None)
             elif id(n) not in self.hooked:  # what it writes to .grad is linked to the birth
                 self.hooked.add(id(n))
