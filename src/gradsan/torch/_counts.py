@@ -122,3 +122,10 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def copy(memo: Memo, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst`` holds the values of ``src`` (a copy): it gets ``src``'s counts, if known."""
+    known, c = recall(memo, src)
+    if known:
+        memo[id(dst)] = (dst, dst._version, c)

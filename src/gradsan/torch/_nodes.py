@@ -110,6 +110,7 @@ class NodeHooks:
         self.sent: dict[tuple[int, int], list[Event]] = {}
         # id -> (tensor, version): outputs a Node found finite, for the Node that receives them
         self.finite: dict[int, tuple[torch.Tensor, int]] = {}
+        self.fresh: set[int] = set()  # id(AccumulateGrad) whose variable had no .grad before
         seen: set[int] = set()
         stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while stack:
@@ -125,6 +126,8 @@ class NodeHooks:
 
     def _accumulating(self, node: Any) -> Any:
         def prehook(grad_outputs: tuple) -> None:
+            if node.variable.grad is None:  # what it writes is then a copy of what came in
+                self.fresh.add(id(node))
             for g in grad_outputs:
                 if isinstance(g, torch.Tensor):
                     self.accumulate.append((node, g))

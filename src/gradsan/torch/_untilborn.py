@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from . import _counts
 from ._counts import memo_of, verdicts
 from ._mode import Event, is_float, key
 from ._nodes import NodeHooks, writes_grad
@@ -134,16 +135,22 @@ class UntilBorn(NodeHooks):
             grad = node.variable.grad
             todo.append((node, g, births, grad if grad is not g and _real(grad) else None))
         # what came in, and the .grad it was written to when that is another tensor: counted
-        # together (the report reads the counts again), with no sums first: a birth reaches them
-        flags = verdicts(
-            [g for _, g, _, _ in todo] + [gr for *_, gr in todo if gr is not None],
-            memo_of(tr),
-            screen=False,
-        )
+        # together (the report reads the counts again), with no sums first: a birth reaches them.
+        # A .grad that is AccumulateGrad's copy of what came in has its counts.
+        memo = memo_of(tr)
+        copies = {i for i, (node, g, _, grad) in enumerate(todo) if _copy_of(self, node, g, grad)}
+        others = [gr for i, (*_, gr) in enumerate(todo) if gr is not None and i not in copies]
+        flags = verdicts([g for _, g, _, _ in todo] + others, memo, screen=False)
         nf_in, nf_grad = iter(flags[: len(todo)]), iter(flags[len(todo) :])
-        for node, g, births, grad in todo:
+        for i, (node, g, births, grad) in enumerate(todo):
             nf = next(nf_in)
-            nfg = next(nf_grad) if grad is not None else None
+            if grad is None:
+                nfg = None
+            elif i in copies:
+                nfg = nf
+                _counts.copy(memo, g, grad)
+            else:
+                nfg = next(nf_grad)
             if nf is None:
                 continue
             sent = self.sent.get((id(node), 0), [])
@@ -157,6 +164,22 @@ class UntilBorn(NodeHooks):
         super().remove()
         tr.untraced_nodes = getattr(tr, "untraced_nodes", 0) + self.skipped  # type: ignore[attr-defined]
         self.skipped = 0
+
+
+def _copy_of(hooks: UntilBorn, node: Any, g: torch.Tensor, grad: Any) -> bool:
+    """``grad`` is the copy AccumulateGrad made of ``g``, so it holds the same values: the
+    variable had no .grad before (so nothing was added to it), it has no post-accumulate hook
+    (the one place torch runs code on a .grad inside the backward), same type, shape and
+    dtype. (Its version counter says nothing: the copy is made by ``copy_``.)"""
+    return (
+        grad is not None
+        and id(node) in hooks.fresh
+        and type(grad) is torch.Tensor
+        and type(g) is torch.Tensor
+        and grad.shape == g.shape
+        and grad.dtype == g.dtype
+        and not getattr(node.variable, "_post_accumulate_grad_hooks", None)
+    )
 
 
 def _real(t: Any) -> bool:
