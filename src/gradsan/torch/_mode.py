@@ -37,6 +37,8 @@ from ._zero import (
 Key = tuple
 _FUNCTION_PY = os.path.join("torch", "autograd", "function.py")
 _NO_DEST: Any = object()
+# torch's AccumulateGrad Node type (the other C++ Nodes are named "...Backward0" and such)
+ACCUMULATE: Any = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
 _OVERWRITE = {"copy_", "fill_", "zero_", "resize_", "set_", "normal_", "uniform_", "random_"}
 
 
@@ -391,14 +393,18 @@ class Tracer:
         lib: str | None = None  # the library's name, made when a Node needs it
         while stack:
             n = stack.pop()
-            nm = n.name()
-            if nm.endswith("AccumulateGrad"):
+            cls = type(n)
+            if cls is ACCUMULATE or (
+                (cls.__module__ != "builtins" or ACCUMULATE is None)
+                and n.name().endswith("AccumulateGrad")
+            ):
                 v = n.variable
                 self.leaves.setdefault(id(v), v)
                 continue
             md = n.metadata
             if "gradsan" in md:
                 continue
+            nm = n.name()
             try:
                 if n._sequence_nr() < self.seq0:
                     continue

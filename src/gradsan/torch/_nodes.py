@@ -19,7 +19,16 @@ from typing import Any
 import torch
 
 from ._counts import memo_of, verdicts
-from ._mode import Event, External, Tracer, dispatch_mode, is_float, key, nonfinite
+from ._mode import (
+    ACCUMULATE,
+    Event,
+    External,
+    Tracer,
+    dispatch_mode,
+    is_float,
+    key,
+    nonfinite,
+)
 from ._zero import record_backward
 
 
@@ -77,16 +86,15 @@ def _classify_all(
 
 
 _FINITE_KEPT = 16
-_ACCUMULATE: Any = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
 
 
 def writes_grad(n: Any) -> bool:
     """``n`` is an AccumulateGrad (it has ``.variable``; torch's other C++ Nodes do not, so
     only Python-defined Nodes are asked)."""
     t = type(n)
-    if t is _ACCUMULATE:
+    if t is ACCUMULATE:
         return True
-    if t.__module__ == "builtins" and _ACCUMULATE is not None:
+    if t.__module__ == "builtins" and ACCUMULATE is not None:
         return False
     return hasattr(n, "variable")
 
@@ -128,13 +136,14 @@ class NodeHooks:
         def prehook(grad_outputs: tuple) -> None:
             if node.variable.grad is None:  # what it writes is then a copy of what came in
                 self.fresh.add(id(node))
+            sent = self.sent.get((id(node), 0))  # the events traced Nodes sent here
             for g in grad_outputs:
                 if isinstance(g, torch.Tensor):
                     self.accumulate.append((node, g))
-                    if is_float(g) and key(g) not in self.tracer.events:
-                        sent = self.sent.get((id(node), 0))
-                        if sent and nonfinite(g) is not None:
-                            self.tracer.events[key(g)] = self._sum(node, g, sent)
+                    if sent and is_float(g):
+                        kg = key(g)
+                        if kg not in self.tracer.events and nonfinite(g) is not None:
+                            self.tracer.events[kg] = self._sum(node, g, sent)
 
         return prehook
 
@@ -248,20 +257,21 @@ class NodeHooks:
         todo = []
         for node, g in self.accumulate:
             grad = node.variable.grad
-            if grad is None or not is_float(grad) or key(grad) in tr.events:
+            if grad is None or not is_float(grad):
                 continue
-            todo.append((node, g, grad))
-        flags = verdicts([grad for *_, grad in todo], memo_of(tr))  # one check for them all
-        for (node, g, grad), nf in zip(todo, flags):
+            kgrad = key(grad)
+            if kgrad not in tr.events:
+                todo.append((node, g, grad, kgrad))
+        flags = verdicts([grad for _, _, grad, _ in todo], memo_of(tr))  # one check for all
+        for (node, g, grad, kgrad), nf in zip(todo, flags):
             var = node.variable
-            if key(grad) in tr.events:
+            if nf is None or kgrad in tr.events:
                 continue
-            if nf is None:
-                continue
-            prod = tr.events.get(key(g)) or tr.fwd.get(key(g))
+            kg = key(g)
+            prod = tr.events.get(kg) or tr.fwd.get(kg)
             if prod is None:
                 continue
-            tr.events[key(grad)] = Event(
+            tr.events[kgrad] = Event(
                 "backward", "aten.copy_", None, node, grad, [(g, prod)], nan=nf
             )
             tr.leaves.setdefault(id(var), var)
