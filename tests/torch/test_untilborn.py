@@ -85,3 +85,105 @@ def test_an_origin_in_another_branch_is_still_traced():
     by_line = {f.where.line: sorted(o.path for o in f.outputs) for f in report.findings}
     assert by_line[line_of("branch-a")] == ["a.bias", "a.weight"]
     assert by_line[line_of("branch-b")] == ["b.bias", "b.weight"]
+
+
+# -- the counts the replay and the report share (gradsan.torch._counts) -------------------------
+
+_INF, _NAN = float("inf"), float("nan")
+_VALUES = [
+    [1.0, 2.0],
+    [1.0, _NAN],
+    [_NAN, _NAN],
+    [_INF, 1.0],
+    [-_INF, 1.0],
+    [_INF, -_INF],  # a NaN sum with no NaN
+    [_NAN, _INF],
+    [3e38, 3e38],  # float32: the sum overflows, every element finite
+    [0.0, -0.0],
+]
+
+
+def _tensors():
+    ts = [torch.tensor(v, dtype=torch.float32) for v in _VALUES]
+    ts += [torch.tensor(v, dtype=torch.float64) for v in _VALUES[:7]]
+    ts += [torch.tensor(v, dtype=torch.float16) for v in [[60000.0, 60000.0], [1.0, _NAN]]]
+    ts += [torch.full((4, 3), _NAN).t(), torch.zeros(()), torch.tensor(_NAN)]
+    return ts
+
+
+def test_counts_and_verdicts_equal_one_tensor_at_a_time():
+    from gradsan.torch import _counts
+    from gradsan.torch._explain import output_hit
+    from gradsan.torch._mode import nonfinite
+
+    ts = _tensors()
+    want = []
+    for t in ts:
+        h = output_hit("", t)
+        want.append((h.nan, h.inf) if h.count else None)
+    for screen in (True, False):
+        memo: dict = {}
+        assert _counts.counts(ts, memo, screen=screen) == want
+        assert _counts.counts(ts, memo) == want  # from the memo
+        assert _counts.verdicts(ts, None, screen=screen) == [nonfinite(t) for t in ts]
+    # complex, empty, ints: not counted together, asked one at a time
+    odd = [torch.tensor([1 + 1j, _NAN]), torch.empty(0), torch.tensor([1, 2])]
+    assert _counts.verdicts(odd) == [nonfinite(t) for t in odd]
+
+
+def test_the_memo_forgets_a_tensor_changed_in_place():
+    from gradsan.torch import _counts
+
+    t = torch.ones(5)
+    memo: dict = {}
+    assert _counts.counts([t], memo) == [None]
+    t[2] = _NAN
+    assert _counts.counts([t], memo) == [(1, 0)]
+    u = t.clone()
+    _counts.copy(memo, t, u)
+    assert _counts.recall(memo, u) == (True, (1, 0))
+
+
+def test_screen_equals_has_zero_and_nonfinite():
+    from gradsan.torch._mode import is_float, nonfinite
+    from gradsan.torch._zero import has_zero, screen
+
+    ts = _tensors() + [torch.tensor([1 + 0j, 2j]), torch.tensor([0, 1]), torch.empty(0)]
+    ts += [torch.tensor([True, False]), torch.zeros(3, device="meta")]
+    for t in ts:
+        want = (is_float(t) and has_zero(t), nonfinite(t) if is_float(t) else None)
+        assert screen(t) == want, t
+
+
+def test_accumulated_and_hooked_gradients_are_counted_as_they_are():
+    """A .grad that already held a gradient (two backward calls) or that a post-accumulate
+    hook changed is not taken for a copy of what came in: its own counts are reported."""
+    torch.manual_seed(0)
+    model, x = Chain(depth=4, bad=2), torch.randn(4, 8)
+    w = model.layers[0].weight
+
+    def twice():
+        model.zero_grad(set_to_none=True)
+        model(x).backward()
+        model(x).backward()
+
+    (f,) = _report(twice).findings
+    hit = {o.path: o for o in f.outputs}["model.layers.0.weight"]
+    assert (hit.count, hit.size) == (w.numel(), w.numel())
+
+    def halve(p):
+        with torch.no_grad():
+            p.grad[0] = 1.0  # one row finite again
+
+    h = w.register_post_accumulate_grad_hook(halve)
+    try:
+
+        def once():
+            model.zero_grad(set_to_none=True)
+            model(x).backward()
+
+        (f,) = _report(once).findings
+    finally:
+        h.remove()
+    hit = {o.path: o for o in f.outputs}["model.layers.0.weight"]
+    assert (hit.count, hit.nan) == (w.numel() - w.shape[1], w.numel() - w.shape[1])

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -21,7 +20,7 @@ from .._errors import UsageError
 from .._events import Note, Origin, Poison
 from .._report import OutputHit, Report, _messages
 from .._report._build import build
-from . import _rules
+from . import _counts, _rules
 from ._compat import dynamo_loaded, force_eager, in_functorch, recompute_in_backward
 from ._func import Transforms
 from ._mode import Event, External, Tag, Tracer, all_finite, tensors_in
@@ -154,31 +153,24 @@ def output_hit(path: str, t: torch.Tensor) -> OutputHit:
     return OutputHit(path=path, count=count, size=t.numel(), nan=nan, inf=inf)
 
 
-def _nonfinite_counts(ts: Sequence[torch.Tensor]) -> list[tuple[int, int] | None]:
+def _nonfinite_counts(
+    ts: Sequence[torch.Tensor], memo: _counts.Memo | None = None
+) -> list[tuple[int, int] | None]:
     """``(NaN count, Inf count)`` of each real float tensor, None where every element is finite
     (``output_hit``'s counts, ``all_finite``'s verdict), for many tensors (every leaf's
-    gradient) with two syncs per dtype and device rather than several per tensor: a finite sum
-    proves a tensor finite; only the others are counted."""
+    gradient) with a few syncs per dtype and device rather than several per tensor
+    (gradsan.torch._counts; ``memo``: what the replay's backward already counted)."""
     out: list[tuple[int, int] | None] = [None] * len(ts)
-    groups: dict[tuple[Any, Any], list[int]] = {}
+    plain: list[int] = []
     for i, t in enumerate(ts):
         if type(t) is not torch.Tensor:  # a subclass (FSDP2's DTensor shards): one at a time
             if not all_finite(t):
                 h = output_hit("", t)
                 out[i] = (h.nan, h.inf)
         elif t.numel():
-            groups.setdefault((t.dtype, t.device), []).append(i)
-    for idx in groups.values():
-        sums = torch.stack([ts[i].sum() for i in idx]).tolist()
-        maybe = [i for i, v in zip(idx, sums) if not math.isfinite(v)]
-        if not maybe:
-            continue
-        counts = torch.stack(
-            [c for i in maybe for c in (torch.isnan(ts[i]).sum(), torch.isinf(ts[i]).sum())]
-        ).tolist()
-        for j, i in enumerate(maybe):
-            nan, inf = counts[2 * j], counts[2 * j + 1]
-            out[i] = (nan, inf) if nan or inf else None  # (else the sum overflowed)
+            plain.append(i)
+    for i, c in zip(plain, _counts.counts([ts[i] for i in plain], memo)):
+        out[i] = c
     return out
 
 
@@ -407,7 +399,14 @@ class _Group:
             self.outputs.append(hit)
 
 
-def build_report(
+def build_report(tracer: Tracer, report: Report, **kw: Any) -> Report:
+    """Blame every non-finite loss and gradient the tracer saw; one finding per origin (see
+    ``_build_report``), with the cyclic collector paused while it runs."""
+    with _counts.paused_gc():
+        return _build_report(tracer, report, **kw)
+
+
+def _build_report(
     tracer: Tracer,
     report: Report,
     *,
@@ -460,7 +459,10 @@ def build_report(
     with_grad = [
         (t, t.grad) for t in leaves.values() if t.grad is not None and t.grad.is_floating_point()
     ]
-    for (t, grad), counts in zip(with_grad, _nonfinite_counts([g for _, g in with_grad])):
+    for (t, grad), counts in zip(
+        with_grad,
+        _nonfinite_counts([g for _, g in with_grad], getattr(tracer, "counts_memo", None)),
+    ):
         if counts is None:
             continue
         producer = tracer.producer_of(grad)

@@ -27,11 +27,20 @@ from ._born import born_of_masks
 from ._compat import TorchDispatchMode, TorchFunctionMode
 from ._half import backward_overflow
 from ._source import frame_of, user_frame, user_frame_object
-from ._zero import has_zero, record_backward, record_forward, zero_literal, zero_source
+from ._zero import (
+    has_zero,
+    record_backward,
+    record_forward,
+    screen,
+    zero_literal,
+    zero_source,
+)
 
 Key = tuple
 _FUNCTION_PY = os.path.join("torch", "autograd", "function.py")
 _NO_DEST: Any = object()
+# torch's AccumulateGrad Node type (the other C++ Nodes are named "...Backward0" and such)
+ACCUMULATE: Any = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", None)
 _OVERWRITE = {"copy_", "fill_", "zero_", "resize_", "set_", "normal_", "uniform_", "random_"}
 
 
@@ -298,7 +307,7 @@ class Tracer:
 
     # -- forward --------------------------------------------------------------------------------
     def on_function(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any) -> None:
-        outs = [t for t in tensors_in(out)]
+        outs = [out] if type(out) is torch.Tensor else [t for t in tensors_in(out)]
         if not outs:
             return
         if not torch.is_grad_enabled() and any(
@@ -326,14 +335,12 @@ class Tracer:
             self.kink_hits.append((tag, name, _rules.operands_for(name, args, kwargs)))
         if name in _rules.COMPARISONS or name in _rules.BOOL_COMBINE:
             self._record_bool(name, args, outs)
-        if any(is_float(t) and has_zero(t) for t in outs):
+        screens = [screen(t) for t in outs]  # (has a zero, nonfinite) of each output
+        if any(z for z, _ in screens):
             if tag is None:
                 tag = self._make_tag(func, name, op, args, kwargs)
             record_forward(self, name, tag, args, kwargs, outs)
-        for t in outs:
-            if not is_float(t):
-                continue
-            nan = nonfinite(t)
+        for t, (_, nan) in zip(outs, screens):
             if nan is not None:
                 if tag is None:
                     tag = self._make_tag(func, name, op, args, kwargs)
@@ -392,21 +399,21 @@ class Tracer:
     def _tag_inner(self, gf: Any, outer: Tag) -> None:
         """Tag the Nodes a library function created inside itself with the caller's frame."""
         stack = [n for n, _ in gf.next_functions if n is not None]
-        lib = outer.qualname or outer.name
-        mod = outer.module() if outer.module is not None else None
-        if mod is not None and type(mod).__module__.startswith("torch.nn."):
-            # inside a torch.nn module's forward: named by the module the user called
-            lib = f"nn.{type(mod).__name__}"
+        lib: str | None = None  # the library's name, made when a Node needs it
         while stack:
             n = stack.pop()
-            nm = n.name()
-            if nm.endswith("AccumulateGrad"):
+            cls = type(n)
+            if cls is ACCUMULATE or (
+                (cls.__module__ != "builtins" or ACCUMULATE is None)
+                and n.name().endswith("AccumulateGrad")
+            ):
                 v = n.variable
                 self.leaves.setdefault(id(v), v)
                 continue
             md = n.metadata
             if "gradsan" in md:
                 continue
+            nm = n.name()
             try:
                 if n._sequence_nr() < self.seq0:
                     continue
@@ -426,6 +433,8 @@ class Tracer:
                     fcls.__qualname__,
                 )
             else:
+                if lib is None:
+                    lib = _library_name(outer)
                 md["gradsan"] = Tag(nm, op, outer.frame, lib, tuple(operands), params, outer.module)
             stack.extend(m for m, _ in n.next_functions if m is not None)
 
@@ -791,6 +800,15 @@ def _constant_mask(t: torch.Tensor, producer: Any) -> bool:
     return bool(bad.any()) and bool((t[bad] == float("-inf")).all())
 
 
+def _library_name(outer: Tag) -> str:
+    """What names the Nodes a library function made inside itself."""
+    mod = outer.module() if outer.module is not None else None
+    if mod is not None and type(mod).__module__.startswith("torch.nn."):
+        # inside a torch.nn module's forward: named by the module the user called
+        return f"nn.{type(mod).__name__}"
+    return outer.qualname or outer.name
+
+
 def _tag_of(node: Any) -> Tag | None:
     try:
         return node.metadata.get("gradsan")
@@ -810,7 +828,22 @@ def _aten_name(func: Any) -> str:
     return name
 
 
+_QUALNAMES: dict[tuple[Any, str], str] = {}
+
+
 def _qualname(func: Any, name: str) -> str:
+    try:
+        got = _QUALNAMES.get((func, name))
+    except TypeError:  # an unhashable callable
+        return _qualname_of(func, name)
+    if got is None:
+        got = _qualname_of(func, name)
+        if len(_QUALNAMES) < 4096:  # torch's functions, a bounded set
+            _QUALNAMES[(func, name)] = got
+    return got
+
+
+def _qualname_of(func: Any, name: str) -> str:
     mod = getattr(func, "__module__", None) or ""
     qual = getattr(func, "__qualname__", name)
     if qual.startswith(("TensorBase.", "_TensorBase.")):

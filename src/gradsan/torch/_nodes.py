@@ -18,7 +18,17 @@ from typing import Any
 
 import torch
 
-from ._mode import Event, External, Tracer, dispatch_mode, is_float, key, nonfinite
+from ._counts import memo_of, verdicts
+from ._mode import (
+    ACCUMULATE,
+    Event,
+    External,
+    Tracer,
+    dispatch_mode,
+    is_float,
+    key,
+    nonfinite,
+)
 from ._zero import record_backward
 
 
@@ -75,6 +85,20 @@ def _classify_all(
     return out
 
 
+_FINITE_KEPT = 16
+
+
+def writes_grad(n: Any) -> bool:
+    """``n`` is an AccumulateGrad (it has ``.variable``; torch's other C++ Nodes do not, so
+    only Python-defined Nodes are asked)."""
+    t = type(n)
+    if t is ACCUMULATE:
+        return True
+    if t.__module__ == "builtins" and ACCUMULATE is not None:
+        return False
+    return hasattr(n, "variable")
+
+
 def _tag_of(node: Any) -> Any:
     try:
         return node.metadata.get("gradsan")
@@ -92,6 +116,9 @@ class NodeHooks:
         # (id(Node), input slot) -> the events of the non-finite values sent there: the engine
         # sums what several Nodes send to one slot out of any Node's sight
         self.sent: dict[tuple[int, int], list[Event]] = {}
+        # id -> (tensor, version): outputs a Node found finite, for the Node that receives them
+        self.finite: dict[int, tuple[torch.Tensor, int]] = {}
+        self.fresh: set[int] = set()  # id(AccumulateGrad) whose variable had no .grad before
         seen: set[int] = set()
         stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         while stack:
@@ -99,7 +126,7 @@ class NodeHooks:
             if n is None or id(n) in seen:
                 continue
             seen.add(id(n))
-            if hasattr(n, "variable"):  # AccumulateGrad: writes .grad
+            if writes_grad(n):  # AccumulateGrad: writes .grad
                 self.handles.append(n.register_prehook(self._accumulating(n)))
                 continue
             self.handles.append(n.register_hook(self._post(n)))
@@ -107,13 +134,16 @@ class NodeHooks:
 
     def _accumulating(self, node: Any) -> Any:
         def prehook(grad_outputs: tuple) -> None:
+            if node.variable.grad is None:  # what it writes is then a copy of what came in
+                self.fresh.add(id(node))
+            sent = self.sent.get((id(node), 0))  # the events traced Nodes sent here
             for g in grad_outputs:
                 if isinstance(g, torch.Tensor):
                     self.accumulate.append((node, g))
-                    if is_float(g) and key(g) not in self.tracer.events:
-                        sent = self.sent.get((id(node), 0))
-                        if sent and nonfinite(g) is not None:
-                            self.tracer.events[key(g)] = self._sum(node, g, sent)
+                    if sent and is_float(g):
+                        kg = key(g)
+                        if kg not in self.tracer.events and nonfinite(g) is not None:
+                            self.tracer.events[kg] = self._sum(node, g, sent)
 
         return prehook
 
@@ -123,41 +153,47 @@ class NodeHooks:
         def hook(grad_inputs: tuple, grad_outputs: tuple) -> Any:
             ins: list[tuple[torch.Tensor, Any]] = []
             nan_in = False
-            unknown: list[tuple[int, torch.Tensor]] = []
+            unknown: list[tuple[int, torch.Tensor, Any]] = []
+            passed: set[Any] = set()
             for slot, g in enumerate(grad_outputs):
-                if not isinstance(g, torch.Tensor) or not is_float(g):
+                if not isinstance(g, torch.Tensor):
                     continue
-                prod = tr.events.get(key(g))
+                kg = key(g)
+                passed.add(kg)
+                if not is_float(g):
+                    continue
+                prod = tr.events.get(kg)
                 if prod is not None:
                     ins.append((g, prod))
                     nan_in = nan_in or prod.nan
-                else:
-                    unknown.append((slot, g))
-            for (slot, g), nf in zip(unknown, _nonfinite_all([g for _, g in unknown])):
+                elif not self._known_finite(g):
+                    unknown.append((slot, g, kg))
+            for (slot, g, kg), nf in zip(unknown, _nonfinite_all([g for _, g, _ in unknown])):
                 if nf is None:
                     continue
                 sent = self.sent.get((id(node), slot))
                 if sent:  # a sum the engine formed: its summands' events
-                    ev = tr.events[key(g)] = self._sum(node, g, sent)
+                    ev = tr.events[kg] = self._sum(node, g, sent)
                     ins.append((g, ev))
                 else:
-                    ins.append((g, tr.fwd.get(key(g)) or External(g)))
+                    ins.append((g, tr.fwd.get(kg) or External(g)))
                 nan_in = nan_in or nf
-            floats = [o for o in grad_inputs if isinstance(o, torch.Tensor) and is_float(o)]
-            passed = {key(g) for g in grad_outputs if isinstance(g, torch.Tensor)}
-            for o in floats:
-                k = key(o)
+            floats: list[tuple[torch.Tensor, Any]] = [
+                (o, key(o)) for o in grad_inputs if isinstance(o, torch.Tensor) and is_float(o)
+            ]
+            for o, k in floats:
                 if k not in passed:  # a gradient passed on as it is keeps its owner
                     tr.owner[k] = node
                     if k not in tr.zero_bwd:  # where an exact zero was made (the zero's end)
                         record_backward(tr, node.name(), node, grad_outputs, {}, o)
             # an output an inner trace already explains (a backward the Node ran inside itself,
             # as reentrant checkpoint does) keeps its event
-            floats = [o for o in floats if key(o) not in tr.events]
-            outs = [
-                (o, nf) for o, nf in zip(floats, _nonfinite_all(floats, nan_in)) if nf is not None
-            ]
+            floats = [(o, k) for o, k in floats if k not in tr.events]
+            flags = _nonfinite_all([o for o, _ in floats], nan_in)
+            outs = [(o, nf) for (o, _), nf in zip(floats, flags) if nf is not None]
             if not outs:
+                for o, _ in floats:  # finite: the Node that receives it need not check it again
+                    self._finite(o)
                 self._send(node, grad_inputs)  # (an output may pass an input on as it is)
                 return None
             born = not ins or any(nf and not nan_in for _, nf in outs)
@@ -183,6 +219,18 @@ class NodeHooks:
 
         return hook
 
+    def _known_finite(self, g: torch.Tensor) -> bool:
+        """``g`` is a tensor a Node just sent on and found finite, unchanged since (the same
+        tensor, the same version: an engine that adds into it in place bumps the version)."""
+        got = self.finite.get(id(g))
+        return got is not None and got[0] is g and got[1] == g._version
+
+    def _finite(self, o: torch.Tensor) -> None:
+        finite = self.finite
+        finite[id(o)] = (o, o._version)
+        if len(finite) > _FINITE_KEPT:  # the oldest out: a few tensors kept alive at most
+            del finite[next(iter(finite))]
+
     def _send(self, node: Any, outs: tuple) -> None:
         """Remember which events went to which Node's input slot."""
         events = self.tracer.events
@@ -206,18 +254,24 @@ class NodeHooks:
         self.handles = []
         tr = self.tracer
         # the .grad an AccumulateGrad wrote (a copy of what came in, or the same tensor)
+        todo = []
         for node, g in self.accumulate:
+            grad = node.variable.grad
+            if grad is None or not is_float(grad):
+                continue
+            kgrad = key(grad)
+            if kgrad not in tr.events:
+                todo.append((node, g, grad, kgrad))
+        flags = verdicts([grad for _, _, grad, _ in todo], memo_of(tr))  # one check for all
+        for (node, g, grad, kgrad), nf in zip(todo, flags):
             var = node.variable
-            grad = var.grad
-            if grad is None or not is_float(grad) or key(grad) in tr.events:
+            if nf is None or kgrad in tr.events:
                 continue
-            nf = nonfinite(grad)
-            if nf is None:
-                continue
-            prod = tr.events.get(key(g)) or tr.fwd.get(key(g))
+            kg = key(g)
+            prod = tr.events.get(kg) or tr.fwd.get(kg)
             if prod is None:
                 continue
-            tr.events[key(grad)] = Event(
+            tr.events[kgrad] = Event(
                 "backward", "aten.copy_", None, node, grad, [(g, prod)], nan=nf
             )
             tr.leaves.setdefault(id(var), var)

@@ -12,12 +12,15 @@ traced), for the report's note.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
 
+from . import _counts
+from ._counts import memo_of, verdicts
 from ._mode import Event, is_float, key
-from ._nodes import NodeHooks, _nonfinite_all
+from ._nodes import NodeHooks, writes_grad
 
 
 class UntilBorn(NodeHooks):
@@ -34,12 +37,16 @@ class UntilBorn(NodeHooks):
         for t in roots:
             if isinstance(t, torch.Tensor) and t.grad_fn is not None:
                 self._hook(t.grad_fn)
+        # the cyclic collector paused while the backward runs (until remove()): the hooks make
+        # many small objects and its passes over the traced forward's cost time, not memory
+        self._gc = gc.isenabled()
+        gc.disable()
 
     def _hook(self, n: Any) -> None:
         if n is None or id(n) in self.hooked or id(n) in self.reach:
             return
         self.hooked.add(id(n))
-        if hasattr(n, "variable"):  # AccumulateGrad: writes .grad
+        if writes_grad(n):  # AccumulateGrad: writes .grad
             self.handles.append(n.register_prehook(self._accumulating(n)))
         else:
             self.handles.append(n.register_hook(self._post(n)))
@@ -47,14 +54,18 @@ class UntilBorn(NodeHooks):
     def _post(self, node: Any) -> Any:
         traced = super()._post(node)
         nid = id(node)
+        tr = self.tracer
 
         def hook(grad_inputs: tuple, grad_outputs: tuple) -> Any:
             if nid in self.reach:  # after a birth: the NaN only passes through here
                 return None
+            made = len(tr.events)
             out = traced(grad_inputs, grad_outputs)
-            born = self._born(node, out if out is not None else grad_inputs)
-            if born is not None:
-                self._after(node, born)
+            # a birth is an event this Node made (the traced hook only adds events)
+            if out is not None or len(tr.events) != made:
+                born = self._born(node, out if out is not None else grad_inputs)
+                if born is not None:
+                    self._after(node, born)
             for m, _ in node.next_functions:
                 self._hook(m)
             return out
@@ -88,16 +99,25 @@ class UntilBorn(NodeHooks):
                 continue
             seen.add(id(n))
             self.alive.append(n)  # ids are keys: the Node's Python object must stay the same
-            if id(n) not in self.reach and not hasattr(n, "variable"):
+            acc = writes_grad(n)
+            if id(n) not in self.reach and not acc:
                 self.skipped += 1
             self.reach.setdefault(id(n), []).append(born)
-            if not hasattr(n, "variable"):
+            if not acc:
                 stack.extend(m for m, _ in n.next_functions if m is not None)
             elif id(n) not in self.hooked:  # what it writes to .grad is linked to the birth
                 self.hooked.add(id(n))
                 self.handles.append(n.register_prehook(self._accumulating(n)))
 
     def remove(self) -> None:
+        try:
+            self._link()
+        finally:
+            if self._gc:
+                self._gc = False
+                gc.enable()
+
+    def _link(self) -> None:
         tr = self.tracer
         events = tr.events
         todo: list[tuple[Any, torch.Tensor, list[Event], Any]] = []
@@ -114,14 +134,23 @@ class UntilBorn(NodeHooks):
                 continue
             grad = node.variable.grad
             todo.append((node, g, births, grad if grad is not g and _real(grad) else None))
-        # what came in, and the .grad it was written to when that is another tensor: one check
-        flags = _nonfinite_all(
-            [g for _, g, _, _ in todo] + [gr for *_, gr in todo if gr is not None]
-        )
+        # what came in, and the .grad it was written to when that is another tensor: counted
+        # together (the report reads the counts again), with no sums first: a birth reaches them.
+        # A .grad that is AccumulateGrad's copy of what came in has its counts.
+        memo = memo_of(tr)
+        copies = {i for i, (node, g, _, grad) in enumerate(todo) if _copy_of(self, node, g, grad)}
+        others = [gr for i, (*_, gr) in enumerate(todo) if gr is not None and i not in copies]
+        flags = verdicts([g for _, g, _, _ in todo] + others, memo, screen=False)
         nf_in, nf_grad = iter(flags[: len(todo)]), iter(flags[len(todo) :])
-        for node, g, births, grad in todo:
+        for i, (node, g, births, grad) in enumerate(todo):
             nf = next(nf_in)
-            nfg = next(nf_grad) if grad is not None else None
+            if grad is None:
+                nfg = None
+            elif i in copies:
+                nfg = nf
+                _counts.copy(memo, g, grad)
+            else:
+                nfg = next(nf_grad)
             if nf is None:
                 continue
             sent = self.sent.get((id(node), 0), [])
@@ -135,6 +164,22 @@ class UntilBorn(NodeHooks):
         super().remove()
         tr.untraced_nodes = getattr(tr, "untraced_nodes", 0) + self.skipped  # type: ignore[attr-defined]
         self.skipped = 0
+
+
+def _copy_of(hooks: UntilBorn, node: Any, g: torch.Tensor, grad: Any) -> bool:
+    """``grad`` is the copy AccumulateGrad made of ``g``, so it holds the same values: the
+    variable had no .grad before (so nothing was added to it), it has no post-accumulate hook
+    (the one place torch runs code on a .grad inside the backward), same type, shape and
+    dtype. (Its version counter says nothing: the copy is made by ``copy_``.)"""
+    return (
+        grad is not None
+        and id(node) in hooks.fresh
+        and type(grad) is torch.Tensor
+        and type(g) is torch.Tensor
+        and grad.shape == g.shape
+        and grad.dtype == g.dtype
+        and not getattr(node.variable, "_post_accumulate_grad_hooks", None)
+    )
 
 
 def _real(t: Any) -> bool:

@@ -11,6 +11,7 @@ born, describing each operation as a :class:`gradsan._blame.ZeroStep`; the class
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -113,6 +114,36 @@ def has_zero(t: Any) -> bool:
         return bool((t == 0).any())
     except (RuntimeError, TypeError):
         return False
+
+
+_REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def screen(t: torch.Tensor) -> tuple[bool, bool | None]:
+    """``(is_float(t) and has_zero(t), nonfinite(t) if is_float(t) else None)`` of an op's
+    output (the tracer asks both of every op), with the type checks made once: on a plain real
+    float tensor on CPU/CUDA, one count_nonzero and one sum."""
+    from ._mode import is_float, nonfinite
+
+    if (
+        type(t) is torch.Tensor
+        and t.dtype in _REAL
+        and t.layout == torch.strided
+        and t.device.type in ("cpu", "cuda")
+        and not t._is_zerotensor()
+    ):
+        n = t.numel()
+        if n == 0:
+            return False, None
+        try:
+            zero = int(torch.count_nonzero(t)) < n
+        except (RuntimeError, TypeError, NotImplementedError):
+            zero = has_zero(t)
+        s = t.sum().item()
+        return zero, (None if math.isfinite(s) else nonfinite(t))
+    if not is_float(t):
+        return False, None
+    return has_zero(t), nonfinite(t)
 
 
 @dataclasses.dataclass(eq=False)
