@@ -249,12 +249,17 @@ def _snapshot(args: tuple, kwargs: dict) -> tuple[list, Any]:
     """The call's inputs as they were (leaves and structure), kept until its flag is read:
     a container or numpy buffer the script changes before the next call does not change the
     inputs the report replays (jax arrays are immutable; numpy arrays are copied)."""
-    import jax
+    if not _FLATTEN:
+        import jax
 
-    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-    if any(type(x) is np.ndarray for x in leaves):
+        _FLATTEN.append(jax.tree_util.tree_flatten)
+    leaves, tree = _FLATTEN[0]((args, kwargs))
+    if np.ndarray in map(type, leaves):  # (a C loop: this runs at every call)
         leaves = [x.copy() if type(x) is np.ndarray else x for x in leaves]
     return leaves, tree
+
+
+_FLATTEN: list = []
 
 
 def _restore(leaves: list, tree: Any) -> tuple[tuple, dict]:
