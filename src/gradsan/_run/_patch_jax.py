@@ -87,8 +87,13 @@ class Watched:
             if isinstance(flag, self._tracer):  # a call made while tracing passes through
                 return out
             self._calls += 1
-            if self._defer:
-                self._defer_flag(flag, args, kwargs, out, fast)
+            if self._defer:  # _defer_flag, inlined: this runs at every call
+                before = self._pending
+                self._pending = (flag, _snapshot(args, kwargs), out, fast, self._calls)
+                if before is None:
+                    _pending_of(hooks).add(self)
+                elif not np.asarray(before[0]):
+                    self._settle(before, late=True)
             elif not _read(flag):
                 self._fail(args, kwargs, out, fast, self._calls)
             return out
