@@ -127,10 +127,11 @@ def test_a_step_whose_flag_is_never_followed_is_read_at_the_end(tmp_path):
 
 
 def test_gradsan_run_exits_3_at_the_nan_step(tmp_path):
-    """One subprocess: the real command line, its exit status and the header naming step k."""
+    """One subprocess: the real command line on the donating step, its exit status and the
+    header naming step k; the reproducer is not announced (the donated input is gone)."""
     import subprocess
 
-    path = _script(tmp_path, False)
+    path = _script(tmp_path, True)
     r = subprocess.run(
         [sys.executable, "-m", "gradsan", "run", path],
         capture_output=True,
@@ -141,3 +142,5 @@ def test_gradsan_run_exits_3_at_the_nan_step(tmp_path):
     assert r.returncode == 3, r.stderr[-2000:]
     assert r.stdout.splitlines()[-1] == f"step {BAD + 1}"
     assert f"the {BAD + 1}th call of `update` (jax.jit) returned NaN/Inf" in r.stderr
+    assert "the step donated args[0] to the failing call, which consumed them" in r.stderr
+    assert "reproducer written" not in r.stderr
