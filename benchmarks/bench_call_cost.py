@@ -234,17 +234,21 @@ def part_steps(rounds: int, sizes: list[str]) -> None:
         x = jnp.ones((side, side) if side > 1 else (16,))
         plain = _user_code(src)
         hooks = _installed_hooks()
-        accelerated = _patch_jax._accelerated
+        accelerated = getattr(_patch_jax, "_accelerated", None)
         try:
             hooks.defer_flags = False  # type: ignore[attr-defined]
             now = _user_code(src)
             now["steps"](x, 3)
             hooks.defer_flags = True  # type: ignore[attr-defined]
-            _patch_jax._accelerated = lambda: True  # (older versions: late only on accelerators)
+            # (versions before session 14 read one call late only on accelerators)
+            _patch_jax._accelerated = lambda: True  # type: ignore[attr-defined]
             late = _user_code(src)
             late["steps"](x, 3)
         finally:
-            _patch_jax._accelerated = accelerated
+            if accelerated is not None:
+                _patch_jax._accelerated = accelerated  # type: ignore[attr-defined]
+            else:
+                del _patch_jax._accelerated  # type: ignore[attr-defined]
         guarded = gsj.guard(plain["step"])
         g = {"x": x}
 

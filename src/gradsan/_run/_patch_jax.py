@@ -280,12 +280,6 @@ def _tracer_type() -> type:
     return jax.core.Tracer
 
 
-def _accelerated() -> bool:
-    import jax
-
-    return jax.default_backend() != "cpu"
-
-
 def _pending_of(hooks: Hooks) -> set:
     """The watched functions with a flag not read yet (``flush_pending`` reads them)."""
     got = getattr(hooks, "_jax_pending", None)
