@@ -81,43 +81,48 @@ class Watched:
         hooks = self._hooks
         fast = self._fast
         if fast is not None and hooks.enabled:  # every call after the first: the fused jit
-            if self._donating:
-                self._settle_first()
+            before = self._pending
+            if before is not None and (self._donating or _ready(before[0])):
+                self._pending = None  # read it now, before this call is dispatched
+                if not np.asarray(before[0]):
+                    self._settle(before, late="before")
             out, flag = fast(*args, **kwargs)
             if isinstance(flag, self._tracer):  # a call made while tracing passes through
                 return out
             self._calls += 1
             if self._defer:  # _defer_flag, inlined: this runs at every call
-                before = self._pending
-                self._pending = (flag, _snapshot(args, kwargs), out, fast, self._calls)
-                if before is None:
-                    _pending_of(hooks).add(self)
-                elif not np.asarray(before[0]):
-                    self._settle(before, late=True)
+                if self._pending is None:
+                    self._pending = (flag, _snapshot(args, kwargs), out, fast, self._calls)
+                    if before is None:
+                        _pending_of(hooks).add(self)
+                else:  # the previous call was still running: read its flag after this one's
+                    self._pending = (flag, _snapshot(args, kwargs), out, fast, self._calls)
+                    if not np.asarray(before[0]):  # type: ignore[index]
+                        self._settle(before, late="after")  # type: ignore[arg-type]
             elif not _read(flag):
                 self._fail(args, kwargs, out, fast, self._calls)
             return out
         return self._first_calls(hooks, args, kwargs)
 
     def _defer_flag(self, flag: Any, args: tuple, kwargs: dict, out: Any, via: Any) -> None:
-        """Keep this call's flag (and a snapshot of its inputs) to be read at the next call,
-        after that call is dispatched; read the previous call's flag now."""
+        """Keep this call's flag (and a snapshot of its inputs) to be read at the next call;
+        read the previous call's flag now, after this call was dispatched."""
         before, self._pending = (
             self._pending,
             (flag, _snapshot(args, kwargs), out, via, self._calls),
         )
-        if before is None:
-            _pending_of(self._hooks).add(self)
-        else:
-            self._settle(before, late=True)
+        _pending_of(self._hooks).add(self)
+        if before is not None:
+            self._settle(before, late="after")
 
     def _settle_first(self) -> None:
-        """A donating step's pending flag is read before its next call is dispatched: that
-        call would consume the buffers (the previous outputs) the report reads."""
-        if self._pending is not None and self._donating:
-            pending, self._pending = self._pending, None
-            _pending_of(self._hooks).discard(self)
-            self._settle(pending, late=True)
+        """Before a call is dispatched, read the previous call's flag when it is ready (no
+        wait: the step finished while the script ran) or when the step donates its inputs
+        (the call would consume the buffers, the previous outputs, that the report reads)."""
+        pending = self._pending
+        if pending is not None and (self._donating or _ready(pending[0])):
+            self._pending = None
+            self._settle(pending, late="before")
 
     def _first_calls(self, hooks: Hooks, args: tuple, kwargs: dict) -> Any:
         """A call before the fused program is settled (its first eager call sizes it), and
@@ -158,7 +163,7 @@ class Watched:
         else:
             if self._pending is not None:  # the previous call's (a step not fused from now on)
                 pending, self._pending = self._pending, None
-                self._settle(pending, late=True)
+                self._settle(pending, late="after")
             ok = _decided()(flag)
         if hooks.sanitize and id(self) not in hooks.sanitized:
             hooks.sanitized.add(id(self))
@@ -170,9 +175,10 @@ class Watched:
             self._fast = checker.fused  # settled: later calls take the short path above
         return out
 
-    def _settle(self, pending: tuple, late: bool = False) -> None:
+    def _settle(self, pending: tuple, late: str | None = None) -> None:
         """Read a deferred flag; report its call (with that call's inputs) when it was not
-        finite. ``late``: read at the next call (which is not let return), not at the end."""
+        finite. ``late``: read at the next call, "before" or "after" it was dispatched (it is
+        not let run, or not let return), not at the end of the script."""
         flag, (leaves, tree), out, via, call = pending
         if not _read(flag):
             args, kwargs = _restore(leaves, tree)
@@ -185,16 +191,15 @@ class Watched:
             self._settle(pending)
 
     def _fail(
-        self, args: tuple, kwargs: dict, out: Any, via: Any, call: int, late: bool = False
+        self, args: tuple, kwargs: dict, out: Any, via: Any, call: int, late: str | None = None
     ) -> None:
         if late:
             nxt = ordinal(call + 1)
             when = (
-                f"before it was dispatched (the step donates its inputs); the {nxt} call does "
-                "not run"
-                if self._donating
-                else f"after it was dispatched; the {nxt} call does not return (its result "
-                "is not used)"
+                f"before it was dispatched: the {nxt} call does not run"
+                if late == "before"
+                else f"after it was dispatched (the {ordinal(call)} call was still running): "
+                f"the {nxt} call does not return (its result is not used)"
             )
             say(
                 f"the flag of the {ordinal(call)} call of {self.label} is read one call late: "
@@ -248,6 +253,12 @@ def _read(flag: Any) -> bool:
     """The host value of a fused program's flag (a device array; waits for it). numpy's
     read of a ready scalar costs half of ``Array.item()``'s checks."""
     return bool(np.asarray(flag))
+
+
+def _ready(flag: Any) -> bool:
+    """Whether a dispatched flag is computed (reading it would not wait); a flag already
+    read (the first call's, a bool) is."""
+    return type(flag) is bool or flag.is_ready()
 
 
 def _snapshot(args: tuple, kwargs: dict) -> tuple[list, Any]:
