@@ -13,9 +13,10 @@ Parts:
   loop, per call; against the same loop without gradsan.
 - ``step``: under `gradsan run`'s patch, a jitted step of about 10 us called in a loop, per
   call; against the same loop without gradsan.
-- ``steps``: steps of about 20 us, 200 us and 2 ms (``--sizes``): plain, `gradsan run` with
-  the flag read at each call and one call late, and ``gradsan.jax.guard``; the overhead per
-  call in microseconds and the ratio, each against plain in the same round.
+- ``steps``: steps of about 20 us, 200 us, 1 ms and 2 ms (``--sizes``): plain, `gradsan run`
+  with the flag read at each call (``run_now``) and one call late (``run_late``: what
+  `gradsan run` does, on the CPU too), and ``gradsan.jax.guard``; the overhead per call in
+  microseconds and the ratio, each against plain in the same round.
 
 Timing is paired: every round runs each variant once in alternating order; we print the
 median and the interquartile range over rounds. The "RESULT name=value" lines are for the
@@ -216,7 +217,7 @@ def steps(x, n):
     return jax.block_until_ready(x)
 """
 
-SIZES = {"20us": (1, 2000), "200us": (128, 300), "2ms": (288, 40)}
+SIZES = {"20us": (1, 2000), "200us": (128, 300), "1ms": (300, 100), "2ms": (288, 40)}
 """step size -> (matrix side, 1 for 16 elementwise floats; calls per round), on this CPU."""
 
 
@@ -233,17 +234,21 @@ def part_steps(rounds: int, sizes: list[str]) -> None:
         x = jnp.ones((side, side) if side > 1 else (16,))
         plain = _user_code(src)
         hooks = _installed_hooks()
-        accelerated = _patch_jax._accelerated
+        accelerated = getattr(_patch_jax, "_accelerated", None)
         try:
             hooks.defer_flags = False  # type: ignore[attr-defined]
             now = _user_code(src)
             now["steps"](x, 3)
             hooks.defer_flags = True  # type: ignore[attr-defined]
-            _patch_jax._accelerated = lambda: True  # the one-call-late read, also on the CPU
+            # (versions before session 14 read one call late only on accelerators)
+            _patch_jax._accelerated = lambda: True  # type: ignore[attr-defined]
             late = _user_code(src)
             late["steps"](x, 3)
         finally:
-            _patch_jax._accelerated = accelerated
+            if accelerated is not None:
+                _patch_jax._accelerated = accelerated  # type: ignore[attr-defined]
+            else:
+                del _patch_jax._accelerated  # type: ignore[attr-defined]
         guarded = gsj.guard(plain["step"])
         g = {"x": x}
 

@@ -61,8 +61,7 @@ def test_a_lambda_remade_over_the_same_values_reuses_the_program(hooks):
     assert len(traces) == 1
 
 
-def test_deferred_flags_report_the_call_they_belong_to(hooks, monkeypatch):
-    monkeypatch.setattr(_patch_jax, "_accelerated", lambda: True)
+def test_deferred_flags_report_the_call_they_belong_to(hooks):
     hooks.defer_flags = True
     step = jax.jit(lambda x, k: jnp.log(x - k))
     x = jnp.ones(3) * 5.0
@@ -75,8 +74,7 @@ def test_deferred_flags_report_the_call_they_belong_to(hooks, monkeypatch):
     assert hooks.failures[0].report.findings[0].primitive == "log"
 
 
-def test_deferred_flag_of_the_last_call_is_read_at_the_flush(hooks, monkeypatch):
-    monkeypatch.setattr(_patch_jax, "_accelerated", lambda: True)
+def test_deferred_flag_of_the_last_call_is_read_at_the_flush(hooks):
     hooks.defer_flags = True
     step = jax.jit(lambda x: jnp.sqrt(x))
     step(jnp.ones(2))
@@ -236,13 +234,12 @@ def test_an_approximate_replay_that_differs_is_replayed_exactly(monkeypatch):
     assert not any("replayed with numpy" in n for n in rep.notes)
 
 
-def test_a_flag_not_read_when_the_script_raises_is_reported_first(tmp_path, monkeypatch):
-    """Flags read one call late (accelerators): a script that checks its loss itself and raises after
+def test_a_flag_not_read_when_the_script_raises_is_reported_first(tmp_path):
+    """Flags read one call late (`gradsan run`, CPU too): a script that checks its loss itself and raises after
     the NaN step still stops with gradsan's report of that step (exit 3), not its own error."""
     from gradsan._run._failure import EXIT_NONFINITE, Stop
     from gradsan._run._hooks import run_script
 
-    monkeypatch.setattr(_patch_jax, "_accelerated", lambda: True)
     script = tmp_path / "train.py"
     script.write_text(
         "import jax, jax.numpy as jnp\n"

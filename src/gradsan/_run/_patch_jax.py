@@ -52,6 +52,7 @@ class Watched:
         self._checker: Checker | None = None  # built at the first eager call
         self._pending: tuple | None = None  # a call whose flag is not read yet (defer_flags)
         self._defer = False
+        self._donating = False
         self._fast: Callable | None = None  # the fused jit, once the first eager call settled it
         self._tracer: type = type(None)
         try:
@@ -80,20 +81,48 @@ class Watched:
         hooks = self._hooks
         fast = self._fast
         if fast is not None and hooks.enabled:  # every call after the first: the fused jit
+            before = self._pending
+            if before is not None and (self._donating or _ready(before[0])):
+                self._pending = None  # read it now, before this call is dispatched
+                if not np.asarray(before[0]):
+                    self._settle(before, late="before")
             out, flag = fast(*args, **kwargs)
             if isinstance(flag, self._tracer):  # a call made while tracing passes through
                 return out
             self._calls += 1
-            if self._defer:
-                before, self._pending = self._pending, (flag, args, kwargs, out, fast, self._calls)
-                if before is None:
-                    _pending_of(hooks).add(self)
-                else:
-                    self._settle(before)
+            if self._defer:  # _defer_flag, inlined: this runs at every call
+                if self._pending is None:
+                    self._pending = (flag, _snapshot(args, kwargs), out, fast, self._calls)
+                    if before is None:
+                        _pending_of(hooks).add(self)
+                else:  # the previous call was still running: read its flag after this one's
+                    self._pending = (flag, _snapshot(args, kwargs), out, fast, self._calls)
+                    if not np.asarray(before[0]):  # type: ignore[index]
+                        self._settle(before, late="after")  # type: ignore[arg-type]
             elif not _read(flag):
                 self._fail(args, kwargs, out, fast, self._calls)
             return out
         return self._first_calls(hooks, args, kwargs)
+
+    def _defer_flag(self, flag: Any, args: tuple, kwargs: dict, out: Any, via: Any) -> None:
+        """Keep this call's flag (and a snapshot of its inputs) to be read at the next call;
+        read the previous call's flag now, after this call was dispatched."""
+        before, self._pending = (
+            self._pending,
+            (flag, _snapshot(args, kwargs), out, via, self._calls),
+        )
+        _pending_of(self._hooks).add(self)
+        if before is not None:
+            self._settle(before, late="after")
+
+    def _settle_first(self) -> None:
+        """Before a call is dispatched, read the previous call's flag when it is ready (no
+        wait: the step finished while the script ran) or when the step donates its inputs
+        (the call would consume the buffers, the previous outputs, that the report reads)."""
+        pending = self._pending
+        if pending is not None and (self._donating or _ready(pending[0])):
+            self._pending = None
+            self._settle(pending, late="before")
 
     def _first_calls(self, hooks: Hooks, args: tuple, kwargs: dict) -> Any:
         """A call before the fused program is settled (its first eager call sizes it), and
@@ -108,29 +137,33 @@ class Watched:
             # Donation is kept (as without gradsan); a failing step whose inputs it consumed
             # is reported by its bad outputs
             checker = self._checker = Checker(self._inner, background=False, keep_inputs=False)
-            # on an accelerator the flag is read one call late (after the next call is
-            # dispatched), so checking forces no sync per step; a failure names the call it
-            # belongs to, and a flag not read when the script ends or raises is read then
-            # (run_script). On the CPU it is read at once: the script stops at the failing
-            # step (not one later), and one call late saves little there
-            # (benchmarks/bench_call_cost.py --part steps)
-            self._defer = getattr(hooks, "defer_flags", False) and _accelerated()
+            # under `gradsan run` the flag is read one call late (after the next call is
+            # dispatched), so checking forces no sync per step, on the CPU as on accelerators:
+            # a failure names the call it belongs to and replays that call's inputs (kept one
+            # call longer); the script's own code after the failing call runs as it would,
+            # and the next call is not let return. A flag not read when the script ends or
+            # raises is read then (run_script). A donating step's flag is read when its next
+            # call comes, before that call consumes the buffers the report reads.
+            self._defer = bool(getattr(hooks, "defer_flags", False))
+            self._donating = checker.donating
             self._tracer = _tracer_type()
         if (checker.fused is None or not checker.state.get("sized")) and _has_tracer(
             (args, kwargs)
         ):  # a call made while tracing passes straight through
             return self._inner(*args, **kwargs)
+        if self._defer:
+            self._settle_first()
         out, flag, via = checker.start(args, kwargs)
         if isinstance(flag, _tracer_type()):  # a call made while tracing passes through
             return out
         self._calls += 1
         if self._defer and via is not None:
-            before, self._pending = self._pending, (flag, args, kwargs, out, via, self._calls)
-            _pending_of(hooks).add(self)
-            if before is not None:
-                self._settle(before)
+            self._defer_flag(flag, args, kwargs, out, via)
             ok = True
         else:
+            if self._pending is not None:  # the previous call's (a step not fused from now on)
+                pending, self._pending = self._pending, None
+                self._settle(pending, late="after")
             ok = _decided()(flag)
         if hooks.sanitize and id(self) not in hooks.sanitized:
             hooks.sanitized.add(id(self))
@@ -142,11 +175,14 @@ class Watched:
             self._fast = checker.fused  # settled: later calls take the short path above
         return out
 
-    def _settle(self, pending: tuple) -> None:
-        """Read a deferred flag; report its call when it was not finite."""
-        flag, args, kwargs, out, via, call = pending
+    def _settle(self, pending: tuple, late: str | None = None) -> None:
+        """Read a deferred flag; report its call (with that call's inputs) when it was not
+        finite. ``late``: read at the next call, "before" or "after" it was dispatched (it is
+        not let run, or not let return), not at the end of the script."""
+        flag, (leaves, tree), out, via, call = pending
         if not _read(flag):
-            self._fail(args, kwargs, out, via, call)
+            args, kwargs = _restore(leaves, tree)
+            self._fail(args, kwargs, out, via, call, late=late)
 
     def flush(self) -> None:
         """Read the flag of the last call (the end of a script)."""
@@ -154,7 +190,22 @@ class Watched:
         if pending is not None:
             self._settle(pending)
 
-    def _fail(self, args: tuple, kwargs: dict, out: Any, via: Any, call: int) -> None:
+    def _fail(
+        self, args: tuple, kwargs: dict, out: Any, via: Any, call: int, late: str | None = None
+    ) -> None:
+        if late:
+            nxt = ordinal(call + 1)
+            when = (
+                f"before it was dispatched: the {nxt} call does not run"
+                if late == "before"
+                else f"after it was dispatched (the {ordinal(call)} call was still running): "
+                f"the {nxt} call does not return (its result is not used)"
+            )
+            say(
+                f"the flag of the {ordinal(call)} call of {self.label} is read one call late: "
+                f"at the {nxt} call, {when}. The script's own code after the {ordinal(call)} "
+                "call ran as it does without gradsan."
+            )
         report = self._replay(args, kwargs, out, via, call)
         __tracebackhide__ = True
         self._hooks.on_failure(
@@ -204,16 +255,40 @@ def _read(flag: Any) -> bool:
     return bool(np.asarray(flag))
 
 
+def _ready(flag: Any) -> bool:
+    """Whether a dispatched flag is computed (reading it would not wait); a flag already
+    read (the first call's, a bool) is."""
+    return type(flag) is bool or flag.is_ready()
+
+
+def _snapshot(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The call's inputs as they were (leaves and structure), kept until its flag is read:
+    a container or numpy buffer the script changes before the next call does not change the
+    inputs the report replays (jax arrays are immutable; numpy arrays are copied)."""
+    if not _FLATTEN:
+        import jax
+
+        _FLATTEN.append(jax.tree_util.tree_flatten)
+    leaves, tree = _FLATTEN[0]((args, kwargs))
+    if np.ndarray in map(type, leaves):  # (a C loop: this runs at every call)
+        leaves = [x.copy() if type(x) is np.ndarray else x for x in leaves]
+    return leaves, tree
+
+
+_FLATTEN: list = []
+
+
+def _restore(leaves: list, tree: Any) -> tuple[tuple, dict]:
+    import jax
+
+    args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+    return args, kwargs
+
+
 def _tracer_type() -> type:
     import jax
 
     return jax.core.Tracer
-
-
-def _accelerated() -> bool:
-    import jax
-
-    return jax.default_backend() != "cpu"
 
 
 def _pending_of(hooks: Hooks) -> set:

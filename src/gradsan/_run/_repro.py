@@ -97,6 +97,11 @@ def _write_jax_inputs(failure: Failure, d: str, meta: dict) -> None:
     arrays: dict[str, Any] = {}
     statics: dict[int, tuple[str, Any]] = {}
     for i, x in enumerate(leaves):
+        if isinstance(x, jax.Array) and x.is_deleted():  # donated to the failing call: gone
+            where = paths[i]  # "[0][1]..." of (args, kwargs): args[1]...
+            where = ("args" if where.startswith("[0]") else "kwargs") + where[3:]
+            meta.setdefault("deleted", []).append(where)
+            continue
         if hasattr(x, "dtype") and hasattr(x, "shape"):
             try:
                 arrays[f"leaf{i}"] = np.asarray(x)
@@ -193,6 +198,11 @@ def jax_repro_main(d: Any, check: bool = False) -> int:
     try:
         if "specs" not in meta:
             raise RuntimeError("this reproducer was written by an older gradsan")
+        if meta.get("deleted"):
+            raise RuntimeError(
+                f"the step donated {', '.join(meta['deleted'])} to the failing call, which "
+                "consumed them: they could not be saved"
+            )
         with np.load(os.path.join(d, "inputs.npz")) as data:
             arrays = {k: data[k] for k in data.files}
         captured = recreate(meta, arrays)

@@ -324,6 +324,27 @@ def check_concrete_outputs(out: Any, who: str) -> None:
         raise UsageError(_CLOSES.format(who=who))
 
 
+VALUE_ERRORS = (
+    jax.errors.TracerBoolConversionError,
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerIntegerConversionError,
+)
+"""What JAX raises when traced code needs a concrete value (``if x > 0:``, ``int(x)``)."""
+
+
+def control_flow_error(e: BaseException, who: str) -> UsageError:
+    """The clear error for :data:`VALUE_ERRORS`, naming the user's line."""
+    where = _user_line(e.__traceback__)
+    at = f" at {where}" if where else ""
+    return UsageError(
+        f"gradsan.jax.{who}: the function uses the value of a traced array in Python "
+        f"control flow or a conversion{at}. gradsan traces the function once, as jax.jit "
+        "does, so `if x > 0:`, `int(x)` or `float(x)` on an argument cannot be followed. "
+        "Use jnp.where(x > 0, a, b) or jax.lax.cond for the branch, or bind the value as "
+        "a static Python argument (functools.partial(fun, n=3))."
+    )
+
+
 def trace_call(call: FlatCall, who: str, inside_ok: bool = False) -> Traced:
     """Trace ``call`` to a jaxpr, with a clear error for what JAX cannot trace.
 
@@ -343,23 +364,10 @@ def trace_call(call: FlatCall, who: str, inside_ok: bool = False) -> Traced:
         box["tree"], box["flat"], box["keep"] = tree, flat, keep
         return [x for x, k in zip(flat, keep) if k]
 
-    errors = jax.errors
     try:
         closed, shapes = jax.make_jaxpr(arrays_only, return_shape=True)(*call.flat)
-    except (
-        errors.TracerBoolConversionError,
-        errors.ConcretizationTypeError,
-        errors.TracerIntegerConversionError,
-    ) as e:
-        where = _user_line(e.__traceback__)
-        at = f" at {where}" if where else ""
-        raise UsageError(
-            f"gradsan.jax.{who}: the function uses the value of a traced array in Python "
-            f"control flow or a conversion{at}. gradsan traces the function once, as jax.jit "
-            "does, so `if x > 0:`, `int(x)` or `float(x)` on an argument cannot be followed. "
-            "Use jnp.where(x > 0, a, b) or jax.lax.cond for the branch, or bind the value as "
-            "a static Python argument (functools.partial(fun, n=3))."
-        ) from e
+    except VALUE_ERRORS as e:
+        raise control_flow_error(e, who) from e
     except TypeError as e:
         msg = str(e)
         if "grad requires real" in msg or "integer" in msg.lower() and "grad" in msg.lower():

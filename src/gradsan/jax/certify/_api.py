@@ -14,7 +14,7 @@ import numpy as np
 from ..._errors import UsageError
 from ..._report import Finding, Report
 from ..._report._records import OutputHit
-from .. import _compat
+from .. import _call, _compat
 from ._hull import _directions, _min_norm_leaves, _opposite, _same, _seed
 from ._rays import RayResult, _arg_name, _certify_rays, _frame_of
 from ._values import Ctx, is_float_aval
@@ -151,6 +151,8 @@ def certify(
     def run(*args, **kwargs) -> Report:
         if not args:
             raise UsageError("gradsan.jax.certify: call with the parameters as first argument")
+        # certify reads values (rays from the point): inside jit, vmap or grad there are none
+        _call.check_not_traced(jax.tree_util.tree_leaves((args, kwargs)), "certify")
         f: Any = loss
         if argnums != 0:
             f = moved_by_n.get(len(args))
@@ -201,7 +203,11 @@ def _trace(loss, traced: dict, treedef, x0s: list, rest: tuple, kwargs: dict):
             jf = traced[k] = jax.jit(flat)
         if jf is not False:
             try:
-                return jf.trace(*x0s, *rl).jaxpr, [np.asarray(a) for a in rl]
+                got = jf.trace(*x0s, *rl).jaxpr
+                # an outer tracer the loss closes over is one more input of jit's trace
+                if len(got.jaxpr.invars) == n + len(rl):
+                    return got, [np.asarray(a) for a in rl]
+                traced[k] = False  # the trace below has it as a constant: the error says so
             except Exception:
                 traced[k] = False  # not traceable with its data as inputs: use constants
 
@@ -209,9 +215,14 @@ def _trace(loss, traced: dict, treedef, x0s: list, rest: tuple, kwargs: dict):
         return loss(jax.tree_util.tree_unflatten(treedef, list(ls)), *rest, **kwargs)
 
     try:
-        return jax.make_jaxpr(flat_loss)(*x0s), []
+        closed = jax.make_jaxpr(flat_loss)(*x0s)
+    except _call.VALUE_ERRORS as e:  # `if x > 0:` on a traced value: name the user's line
+        raise _call.control_flow_error(e, "certify") from e
     except TypeError as e:
         raise UsageError(f"gradsan.jax.certify could not trace the function: {e}") from e
+    if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+        raise UsageError(_call._CLOSES.format(who="certify"))
+    return closed, []
 
 
 def _run(
