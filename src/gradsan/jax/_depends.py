@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._catalog._masks import windows as _windows
+from . import _activations
 from ._compat import bind as _bind
 from ._rules import is_float
 from .interpreter import to_numpy as _np
@@ -441,7 +442,8 @@ def _svd(k: Kink, t: list[np.ndarray]) -> list | None:
 
 
 def _library(k: Kink, t: list[np.ndarray]) -> list | None:
-    """jnp.clip (clamp in lax order) and jnp.hypot, reported as the call."""
+    """jnp.clip (clamp in lax order), jnp.hypot and jax.nn's piecewise activations, reported
+    as the call."""
     ad = rule_jvp(k.eqn, list(k.invals or []), list(t))
     if ad[0] is None:
         return None
@@ -456,6 +458,8 @@ def _library(k: Kink, t: list[np.ndarray]) -> list | None:
     elif k.op == "hypot":
         a, b = np.broadcast_arrays(t[0], t[1])
         os = np.hypot(a, b)
+    elif k.op == "activation":  # jax.nn.leaky_relu, elu, ...: the slope of the side moved to
+        os = _activations.one_sided(k, t[0])
     else:
         return None
     os = np.broadcast_to(os, np.shape(ad[0]))

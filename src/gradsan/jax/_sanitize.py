@@ -31,6 +31,7 @@ from .._report import Finding, Frame, Report
 from .._report._build import build
 from .._report._format import format_value
 from . import _compat, _depends
+from ._activations import activation_call
 from ._call import (
     check_callable,
     check_concrete_outputs,
@@ -272,15 +273,22 @@ class KinkEval(DependenceEval):
                 self._open_calls.pop()
 
     def _library_kink(self, eqn: Any, key: tuple, invals: list, deps: list, sub: KinkScope) -> None:
+        params: dict = {}
         found = library_operands(sub.library, eqn, invals, deps)
-        if found is None:
-            return
-        op, operands, kdeps = found
-        operands = [_np(v) for v in operands]
-        sub.summarized = True
-        hit = classify(op, operands, None, {})
+        if found is not None:
+            op, operands, kdeps = found
+            operands = [_np(v) for v in operands]
+            sub.summarized = True
+        else:  # a jax.nn activation: the call is the operation only at one of its corners
+            act = activation_call(sub.library, eqn, invals, deps)
+            if act is None:
+                return
+            op, operands, kdeps, params = act
+            operands = [_np(v) for v in operands]
+        hit = classify(op, operands, None, params)
         if hit is None:
             return
+        sub.summarized = True
         self.kinks.append(
             Kink(
                 key,
@@ -290,7 +298,7 @@ class KinkEval(DependenceEval):
                 sub,
                 operands,
                 tuple(kdeps),
-                {},
+                params,
                 hit.entry_id,
                 np.asarray(hit.mask, bool),
                 hit.got,

@@ -487,8 +487,9 @@ SELU_SCALE = 1.0507009873554804934193349852946
 
 def activation_corners(fn: str, params: Any) -> tuple[tuple[float, float, float], ...]:
     """The corners of the activation ``fn`` (``leaky_relu``, ``elu``, ``selu``, ``hardswish``,
-    ``hardsigmoid``) with its parameters (``negative_slope``, ``alpha``): (x, left, right)
-    for every corner where the one-sided slopes differ."""
+    ``hardsigmoid``, ``relu6``, ``hardtanh``) with its parameters (``negative_slope``,
+    ``alpha``, ``min_val`` / ``max_val``): (x, left, right) for every corner where the
+    one-sided slopes differ."""
     got: tuple[tuple[float, float, float], ...]
     if fn == "leaky_relu":
         got = ((0.0, float(params.get("negative_slope", 0.01)), 1.0),)
@@ -500,6 +501,11 @@ def activation_corners(fn: str, params: Any) -> tuple[tuple[float, float, float]
         got = ((-3.0, 0.0, -0.5), (3.0, 1.5, 1.0))
     elif fn == "hardsigmoid":  # relu6(x + 3) / 6
         got = ((-3.0, 0.0, 1 / 6), (3.0, 1 / 6, 0.0))
+    elif fn == "relu6":  # min(max(x, 0), 6) (JAX's jax.nn.relu6; PyTorch's is clip-at-bound)
+        got = ((0.0, 0.0, 1.0), (6.0, 1.0, 0.0))
+    elif fn == "hardtanh":  # clip(x, min_val, max_val) (JAX's jax.nn.hard_tanh: -1, 1)
+        lo, hi = float(params.get("min_val", -1.0)), float(params.get("max_val", 1.0))
+        got = ((lo, 0.0, 1.0), (hi, 1.0, 0.0))
     else:
         return ()
     return tuple(c for c in got if c[1] != c[2])
@@ -520,7 +526,8 @@ ACTIVATION_CORNER = Singularity(
     title="a piecewise activation at its corner: the gradient is a convention",
     singular_set=(
         "leaky_relu, elu (alpha != 1) and selu at x == 0; hardswish and hardsigmoid at "
-        "x == -3 and x == 3 (relu6 and hardtanh are clip-at-bound)"
+        "x == -3 and x == 3; JAX's relu6 at 0 and 6 and hard_tanh at -1 and 1 (PyTorch's "
+        "relu6 and hardtanh are clip-at-bound)"
     ),
     derivative=(
         "one slope on each side of the corner: leaky_relu negative_slope | 1, elu alpha | 1, "
@@ -529,9 +536,10 @@ ACTIVATION_CORNER = Singularity(
     ),
     subdifferential="the interval between the two one-sided slopes",
     conventions={
-        "jax": "jax.nn.leaky_relu, elu and selu are jnp.where selections (where-at-boundary): "
-        "grad(jax.nn.leaky_relu)(0.) = 1.0, grad(lambda x: jax.nn.elu(x, 0.5))(0.) = 0.5; "
-        "hard_swish is relu6 (a custom_jvp): 0.0 at -3, 1.0 at 3",
+        "jax": "grad(jax.nn.leaky_relu)(0.) = 1.0 (the right slope), "
+        "grad(lambda x: jax.nn.elu(x, 0.5))(0.) = 0.5 and selu scale * alpha (the left one); "
+        "hard_tanh 1.0 at -1 and 1; relu6 (a custom_jvp) 0.0 at 0 and 6, so hard_swish 0.0 "
+        "at -3 and 1.0 at 3, hard_sigmoid 0.0 at both",
         "torch": "F.leaky_relu(x, 0.1) gives 0.1 at 0, F.elu(x, 0.5) 0.5, F.selu 1.7581 "
         "(scale * alpha); F.hardswish 0.0 at -3 and 1.0 at 3; F.hardsigmoid 0.0 at both",
     },
