@@ -902,7 +902,7 @@ def sanitize(
         kinks = None
         if screen_ok(fun, args, kwargs):
             try:
-                kinks = screener(args, kwargs)[1]
+                kinks = screener.count(args, kwargs)
             except Exception:  # anything the screen cannot trace: the full evaluation says why
                 kinks = None
         if kinks is not None and host_flag(outputs):
