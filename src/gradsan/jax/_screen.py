@@ -213,7 +213,10 @@ class Screener:
                 self.cache[key] = entry
             leaves = call.flat
         jitted, _ = entry
-        flat = [jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a for a in leaves]
+        flat = [
+            jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a
+            for a in leaves or ()
+        ]
         return int(jitted(*flat))
 
     @staticmethod
