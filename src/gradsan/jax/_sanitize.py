@@ -559,10 +559,47 @@ class Injector(DependenceEval):
         return outs, self._mark(key, list(sides))
 
 
+_JAC_CODES: set | None = None
+
+
+def jacobian_of(fun: Any) -> tuple[Callable, Any] | None:
+    """(g, argnums) when ``fun`` is ``jax.jacfwd(g)`` / ``jax.jacrev(g)`` (so ``jax.hessian(f)``
+    gives ``jax.jacrev(f)``), looked up through ``__wrapped__`` (a jit of it); recognised by
+    the code object of JAX's wrapper (never by name), None otherwise or with ``has_aux``."""
+    global _JAC_CODES
+    if _JAC_CODES is None:
+        try:
+            _JAC_CODES = {jax.jacfwd(abs).__code__, jax.jacrev(abs).__code__}
+        except Exception:  # a JAX whose wrappers differ: recognise nothing
+            _JAC_CODES = set()
+    _compat.grad_info(abs)  # JAX's grad wrappers' codes, read once
+    grads = _compat._CODES or {}
+    seen = 0
+    while callable(fun) and seen < 8:
+        if getattr(_compat._unboundary(fun), "__code__", None) in grads:
+            return None  # jax.grad(...) comes first: grad_info's case
+        if getattr(fun, "__code__", None) in _JAC_CODES:
+            try:
+                g, argnums, aux = (_compat._cell(fun, n) for n in ("fun", "argnums", "has_aux"))
+            except LookupError:
+                return None
+            return None if aux or not callable(g) else (g, argnums)
+        nxt = getattr(fun, "__wrapped__", None)
+        if nxt is None or nxt is fun:
+            return None
+        fun, seen = nxt, seen + 1
+    return None
+
+
 def differentiated(fun: Callable, nums: tuple | None) -> tuple[Callable, tuple | None]:
     """The function whose gradient a kink can change, and the arguments it is taken with
     respect to: ``f`` for ``jax.grad(f)`` / ``jax.value_and_grad(f)`` (its first output with
-    ``has_aux``), else ``fun`` itself."""
+    ``has_aux``), ``g`` for ``jax.jacfwd(g)`` / ``jax.jacrev(g)`` (``jax.jacrev(f)`` for
+    ``jax.hessian(f)``), else ``fun`` itself."""
+    jac = jacobian_of(fun)  # before grad_info, which looks through jacfwd(jax.grad(f))
+    if jac is not None:
+        g, argnums = jac
+        return g, ((argnums,) if isinstance(argnums, int) else tuple(argnums))
     info = _compat.grad_info(fun)
     if info is None:
         return fun, nums
@@ -607,9 +644,24 @@ def has_backward(closed: Any) -> bool:
 
 
 CHAIN = "one-sided derivatives equal to AD's"
+INNER_SMOOTH_NOTE = (
+    "{n} kink(s) or tie(s) checked and left out: {fn} (it runs its own backward pass) is "
+    "differentiable at the point along {k} random directions, both signs (its value moves "
+    "continuously and AD's derivative just off the point agrees with AD's value at it, "
+    "numerically), so the derivative taken of it is AD's"
+)
+INNER_NONSMOOTH_NOTE = {
+    "jump": "{fn} (it runs its own backward pass) jumps at the point along a random direction: "
+    "the derivative taken of it does not exist there, and AD's value is a convention",
+    "kink": "{fn} (it runs its own backward pass) has one-sided derivatives at the point that "
+    "differ from AD's along a random direction: the derivative taken of it is a convention",
+}
 UNCHECKED_NOTE = (
     "{fn} runs its own backward pass: its kinks are listed without checking whether its "
-    "gradient depends on them (sanitize the loss, or jax.grad of it, to check)"
+    "gradient depends on them (its outputs may be a derivative of a gradient that jumps, as "
+    "the Hessian of relu at 0, which is 0 along every direction: a check of the outputs "
+    "cannot tell. Sanitize the loss, jax.grad of it, or the jax.hessian / jax.jacfwd / "
+    "jax.jacrev of it, to check)"
 )
 CHECKED_NOTE = (
     "{n} kink(s) or tie(s) checked and left out: the gradient does not depend on the choice "
@@ -638,7 +690,21 @@ def kink_report(
             dirs = random_directions(flat_args, owner, tnums, directions)
             per_dir = kink_tangents(closed, flat_args, want, dirs)
         notes = [UNCHECKED_NOTE.format(fn=fname)] if ev.kinks and directions > 0 else []
-        return kink_findings(ev, per_dir, ignore), notes
+        found = kink_findings(ev, per_dir, ignore)
+        if found and directions > 0 and target is not fun:
+            # the function differentiated runs a backward pass (jax.hessian(f) differentiates
+            # jax.jacrev(f)): its derivative is AD's where it is differentiable at the point
+            tname = getattr(target, "__name__", "function")
+            if getattr(target, "__code__", None) in (_JAC_CODES or ()):
+                tname = f"the Jacobian of {tname}"
+            dirs = random_directions(flat_args, owner, tnums, directions)
+            verdict = _depends.inner_smooth(closed, flat_args, dirs)
+            if verdict == "smooth":
+                n = len(found)
+                return [], [INNER_SMOOTH_NOTE.format(n=n, fn=tname, k=directions)]
+            if verdict in ("jump", "kink"):
+                notes = [INNER_NONSMOOTH_NOTE[verdict].format(fn=tname)]
+        return found, notes
     keep, counts = depending_kinks(closed, flat_args, ev, owner, tnums, directions, ignore)
     ev.kinks = keep
     found = kink_findings(ev, [], ignore, decided=True)
