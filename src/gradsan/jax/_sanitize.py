@@ -493,13 +493,19 @@ class Injector(DependenceEval):
     the value along a path a gradient can take (stop_gradient cuts it)."""
 
     def __init__(
-        self, table: dict, eps: Any, marks: dict | None = None, replace: dict | None = None
+        self,
+        table: dict,
+        eps: Any,
+        marks: dict | None = None,
+        replace: dict | None = None,
+        gradient_only: bool = False,
     ) -> None:
         super().__init__()
         self.table = table
         self.eps = eps
         self.marks = marks or {}
         self.replace = replace or {}  # key -> [(output, value)]: an index or cast substituted
+        self.gradient_only = gradient_only  # sides cut where no gradient flows (integers)
 
     def _replaced(self, outs: list, key: tuple) -> list:
         for i, v in self.replace.get(key, ()):
@@ -529,9 +535,20 @@ class Injector(DependenceEval):
         if eqn.primitive.name == "stop_gradient":
             sides: list[frozenset] = [frozenset()] * len(outs)
         else:
-            sides = [frozenset().union(*insides)] * len(outs)
+            sides = self._flow(invals, insides, outs)
         outs = _depends.inject(self._replaced(list(outs), key), key, self.table, self.eps)
         return outs, self._mark(key, sides)
+
+    def _flow(self, invals: list, insides: list, outs: list) -> list[frozenset]:
+        """The sides of an equation's outputs: every input's; with ``gradient_only`` a float
+        output takes only its float inputs' (no gradient flows through an integer:
+        ``one_hot(argmax(x))`` carries no gradient to x; its value jumps, its tangent does
+        not), an integer or boolean output every input's (an index computed from an index)."""
+        every = frozenset().union(*insides)
+        if not self.gradient_only:
+            return [every] * len(outs)
+        floats = frozenset().union(*[x for v, x in zip(invals, insides) if is_float(v)])
+        return [floats if is_float(o) else every for o in outs]
 
     def call(
         self,
@@ -545,7 +562,7 @@ class Injector(DependenceEval):
     ) -> tuple[list, list]:
         if eqn.primitive.name in CUSTOM_RULE_CALLS:
             outs = _bind(eqn, invals)
-            sides = [frozenset().union(*insides)] * len(outs)
+            sides = self._flow(invals, insides, outs)
         else:
             outs, sides = self.run(
                 jaxpr,
@@ -839,9 +856,16 @@ def depending_kinks(
             for c in back:
                 verdicts[c] = _depends.Verdict(True, "one-sided derivative differs")
     if subs:
-        if not reach:  # the paths a gradient takes, from one plain pass
+        if not reach:  # the paths to the outputs, from one plain pass
             run({}, jnp.zeros((0,), jnp.float32))
-        moved = substituted(closed, flat_args, dirs, subs, marks, reach[0] if reach else None)
+        # the value of a substituted index matters only along a path a gradient takes
+        flows, fsides = Injector({}, None, marks, gradient_only=True).run_closed(
+            closed, flat_args, sides
+        )
+        greach = frozenset().union(*[x for o, x in zip(flows, fsides) if is_float(o)])
+        moved = substituted(
+            closed, flat_args, dirs, subs, marks, reach[0] if reach else None, greach
+        )
         for c in {c for c, _ in subs} - undecided:
             if c in moved:
                 verdicts[c] = _depends.Verdict(True)
@@ -860,7 +884,13 @@ def depending_kinks(
 
 
 def substituted(
-    closed: Any, flat_args: list, dirs: list[list], subs: dict, marks: dict, reach: Any
+    closed: Any,
+    flat_args: list,
+    dirs: list[list],
+    subs: dict,
+    marks: dict,
+    reach: Any,
+    greach: Any = None,
 ) -> set[int]:
     """The candidates whose integer output (an argmax, a tied sort's indices, a float -> int
     cast at a jump), replaced by its one-sided value, changes the outputs' tangent along that
@@ -905,9 +935,11 @@ def substituted(
         dv = float(np.max(np.abs(v1 - v0))) if v0.size else 0.0
         vscale = float(np.max(np.abs(v0))) if v0.size else 0.0
         if reach is not None and c not in reach:
-            continue  # no gradient path to an output (stop_gradient: a straight-through cast)
+            continue  # no path to an output but through stop_gradient (a straight-through cast)
         if not np.isfinite(dt) or dt > 1e3 * _depends._EPS * max(scale, 1e-30):
-            moved.add(c)
+            moved.add(c)  # the gradient itself changes with the choice
+        elif greach is not None and c not in greach:
+            continue  # its value reaches the outputs only through integers (no gradient flows)
         elif dv > 1e3 * _depends._EPS * max(vscale, 1.0):
             moved.add(c)
     return moved
