@@ -13,7 +13,10 @@
    rounds alternate a child process per tree (``PYTHONPATH=OTHER_SRC`` and this tree), each
    timing sanitize's warm call on a clean step (no kink: the compiled screen alone) against
    the warm jitted step; it prints each tree's median ratio with its spread (min..max and
-   interquartile range) and the median of the paired differences.
+   interquartile range), the median of the paired differences with its IQR and a 95%
+   bootstrap interval (rounds resampled), for the ratio and for sanitize's time itself.
+   The baseline of issue #15 is main at 91f854f: ``git -C /work/main worktree add /tmp/base91
+   91f854f`` and ``--paired /tmp/base91/src --rounds 15``.
 
     python benchmarks/bench_sanitize.py [--epochs 3] [--layers 200]
     python benchmarks/bench_sanitize.py --paired /work/main/src --rounds 7 --layers 50
@@ -207,11 +210,30 @@ def paired(other: str, rounds: int, layers: int, reps: int, user_jit: bool = Fal
             f"{q1:.3f}..{q3:.3f}; {rounds} rounds); sanitize median {np.median(ms[name]):.3f} ms"
         )
     d = np.array(got["this"]) - np.array(got["other"])
+    q1, q3 = np.percentile(d, [25, 75])
+    lo, hi = bootstrap(d)
+    dm = np.array(ms["this"]) - np.array(ms["other"])
+    mlo, mhi = bootstrap(dm)
     print(
-        f"paired difference (this - other): median {np.median(d):+.3f} "
-        f"(min {d.min():+.3f}, max {d.max():+.3f})"
+        f"paired difference of the ratio (this - other): median {np.median(d):+.3f} "
+        f"(min {d.min():+.3f}, max {d.max():+.3f}, IQR {q1:+.3f}..{q3:+.3f}; 95% bootstrap "
+        f"interval of the median {lo:+.3f}..{hi:+.3f})"
+    )
+    print(
+        f"paired difference of sanitize's time (this - other): median {np.median(dm):+.3f} ms "
+        f"(95% bootstrap interval of the median {mlo:+.3f}..{mhi:+.3f} ms)"
     )
     print(f"RESULT clean.paired_median_diff={np.median(d):+.4f}")
+    print(f"RESULT clean.paired_diff_ci={lo:+.4f},{hi:+.4f}")
+
+
+def bootstrap(d: np.ndarray, n: int = 10000, seed: int = 0) -> tuple[float, float]:
+    """The 95% percentile-bootstrap interval of the median of the paired differences ``d``
+    (rounds resampled with replacement)."""
+    rng = np.random.default_rng(seed)
+    meds = np.median(d[rng.integers(0, len(d), (n, len(d)))], axis=1)
+    lo, hi = np.percentile(meds, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def main() -> None:

@@ -378,7 +378,7 @@ def _selu(x):
     "jax",
     "kink",
     "jax.nn.selu (slopes 1.05 and 1.76)",
-    "where-at-boundary",
+    "activation-corner",
     "jax-selu",
 )
 def _():
@@ -403,6 +403,240 @@ def _ranks(x, w):
 def _():
     jax, jnp, gsj = _jax()
     return gsj.sanitize(jax.grad(_ranks))(jnp.array([1.0, 1.0, 2.0]), jnp.arange(3.0))
+
+
+# ---- JAX, session 14: jax.nn's activations at their corners, programs that differentiate a
+# gradient, tie kinds whose indices or eigenvectors are used downstream ----------------------
+
+
+def _flax_leaky(params, x):
+    import flax.linen as nn
+
+    dense = nn.Dense(3)
+    h = dense.apply(params, x)
+    return (nn.leaky_relu(h, 0.2) * jax_w3()).sum()  # L:jax-flax-leaky
+
+
+def jax_w3():
+    import jax.numpy as jnp
+
+    return jnp.array([1.0, 2.0, 3.0])
+
+
+@program(
+    "flax Dense + leaky_relu, zero bias",
+    "jax",
+    "kink",
+    "chainer/chainer#5876 (leaky_relu at 0); flax.linen.leaky_relu",
+    "activation-corner",
+    "jax-flax-leaky",
+)
+def _():
+    import flax.linen as nn
+
+    jax, jnp, gsj = _jax()
+    x = jnp.zeros((1, 4))  # a padded zero row: every pre-activation is the zero bias
+    params = nn.Dense(3).init(jax.random.PRNGKey(0), x)
+    return gsj.sanitize(jax.grad(_flax_leaky))(params, x)
+
+
+def _hswish_block(x, w):
+    import jax
+
+    return (jax.nn.hard_swish(x @ w) * jax_w3()[:2]).sum()  # L:jax-hswish
+
+
+@program(
+    "MobileNetV3 hard_swish at -3, jit",
+    "jax",
+    "kink",
+    "MobileNetV3 (Howard et al. 2019) block; jax.nn.hard_swish",
+    "activation-corner",
+    "jax-hswish",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    w = jnp.array([[1.0, 0.5], [2.0, -1.0]])
+    x = jnp.array([[-1.0, -1.0]])  # x @ w = [-3, 0.5]: the lower corner
+    return gsj.sanitize(jax.jit(jax.grad(_hswish_block, argnums=1)))(x, w)
+
+
+def _relu6_cap(x):
+    import jax
+
+    return (jax.nn.relu6(x) * jax_w3()).sum()  # L:jax-relu6
+
+
+@program(
+    "relu6 at its cap 6",
+    "jax",
+    "kink",
+    "MobileNetV2 ReLU6; jax.nn.relu6",
+    "activation-corner",
+    "jax-relu6",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_relu6_cap))(jnp.array([6.0, 1.0, 7.0]))
+
+
+@program("hard_swish off its corners", "jax", "clean", "jax.nn.hard_swish")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x: jax.nn.hard_swish(x).sum()))(jnp.array([-2.9, 0.0]))
+
+
+def _relu_net(x):
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.sum(jax.nn.relu(x) * jax_w3())  # L:jax-hess-relu
+
+
+@program(
+    "hessian of relu at 0",
+    "jax",
+    "kink",
+    "patrick-kidger/equinox#801, Theano/Theano#3210 (relu'' at 0)",
+    "relu-at-zero",
+    "jax-hess-relu",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.hessian(_relu_net))(jnp.array([0.0, 1.0, -1.0]))
+
+
+@program("hessian of a softplus loss", "jax", "clean", "Newton step on a softplus (logistic) loss")
+def _():
+    jax, jnp, gsj = _jax()
+
+    def loss(w):
+        return jnp.sum(jax.nn.softplus(w * jnp.array([1.0, -2.0, 0.5])))
+
+    return gsj.sanitize(jax.hessian(loss))(jnp.array([0.0, 1.0, 0.0]))
+
+
+def _penalty(x):
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.sum(jax.grad(_relu_net)(x) ** 2)
+
+
+@program(
+    "gradient penalty through relu",
+    "jax",
+    "kink",
+    "WGAN-GP gradient penalty (Gulrajani et al. 2017), inner jax.grad",
+    "relu-at-zero",
+    "jax-hess-relu",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_penalty))(jnp.array([0.0, 1.0, -1.0]))
+
+
+@program("gradient penalty, smooth critic", "jax", "clean", "WGAN-GP with a softplus critic")
+def _():
+    jax, jnp, gsj = _jax()
+
+    def critic(x):
+        return jnp.sum(jax.nn.softplus(x) * jnp.array([1.0, 2.0, 3.0]))
+
+    def penalty(x):
+        return (jnp.linalg.norm(jax.grad(critic)(x)) - 1.0) ** 2
+
+    return gsj.sanitize(jax.grad(penalty))(jnp.array([0.0, 1.0, -1.0]))
+
+
+@program(
+    "straight-through argmax at a tie",
+    "jax",
+    "clean",
+    "straight-through Gumbel-softmax (Jang et al. 2017): one_hot(argmax) + p - sg(p)",
+)
+def _():
+    jax, jnp, gsj = _jax()
+
+    def loss(logits):
+        p = jax.nn.softmax(logits)
+        hard = jax.nn.one_hot(jnp.argmax(logits), 3)
+        y = hard + p - jax.lax.stop_gradient(p)
+        return jnp.sum(y * jnp.array([1.0, 2.0, 3.0]))
+
+    return gsj.sanitize(jax.grad(loss))(jnp.array([1.0, 1.0, 0.0]))
+
+
+def _round_index(x, table):
+    import jax.numpy as jnp
+
+    return table[jnp.round(x).astype(jnp.int32)] * x  # L:jax-round-idx
+
+
+@program(
+    "round into a table index at .5",
+    "jax",
+    "kink",
+    "quantized lookup (round to the nearest bin), jnp.round then gather",
+    "floor-round-at-jump",
+    "jax-round-idx",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    table = jnp.array([1.0, 2.0, 4.0])
+    return gsj.sanitize(jax.grad(_round_index))(jnp.float32(0.5), table)
+
+
+@program("eigvalsh of the identity, summed", "jax", "clean", "trace as the sum of eigenvalues")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda a: jnp.linalg.eigvalsh(a).sum()))(jnp.eye(3))
+
+
+@program("top_k keeping every tied score", "jax", "clean", "top-k pooling (sum of the k best)")
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(lambda x: jax.lax.top_k(x, 3)[0].sum()))(
+        jnp.array([1.0, 1.0, 1.0, 0.0])
+    )
+
+
+def _topk_part(x):
+    import jax
+
+    return jax.lax.top_k(x, 2)[0].sum()  # L:jax-topk-part
+
+
+@program(
+    "top_k splitting tied scores",
+    "jax",
+    "kink",
+    "top-k pooling, k inside a tie (which tied ones win depends on the direction)",
+    "sort-tie",
+    "jax-topk-part",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_topk_part))(jnp.array([1.0, 1.0, 1.0, 0.0]))
+
+
+def _atan2_angle(v):
+    import jax.numpy as jnp
+
+    return jnp.arctan2(v[1], v[0])  # L:jax-atan2
+
+
+@program(
+    "angle of a zero vector",
+    "jax",
+    "convention",
+    "jax-ml/jax#2164-style heading angle of a zero velocity",
+    "atan2-at-origin",
+    "jax-atan2",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(jax.grad(_atan2_angle))(jnp.zeros(2))
 
 
 # ---- PyTorch --------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ FAST = {
     "argsort-sum",
     "cast-straight-through",
     "argmax-onehot-sum",
+    "argmax-straight-through",
 }
 
 
@@ -104,6 +105,19 @@ CLEAN = {
     ),
     "argsort-sum": (lambda x: jnp.sum(x[jnp.argsort(x)]), jnp.array([1.0, 1.0, 2.0])),
     "topk-both": (lambda x: jnp.sum(x[jax.lax.top_k(x, 2)[1]]), jnp.array([2.0, 2.0, 1.0])),
+    # a straight-through argmax: its one-hot changes the value, but no gradient flows
+    # through an integer (the gradient is the softmax's either way)
+    "argmax-straight-through": (
+        lambda x: jnp.sum(
+            (
+                jax.nn.one_hot(jnp.argmax(x), 3)
+                + jax.nn.softmax(x)
+                - jax.lax.stop_gradient(jax.nn.softmax(x))
+            )
+            * jnp.arange(1.0, 4.0)
+        ),
+        jnp.array([1.0, 1.0, 0.0]),
+    ),
     # a straight-through cast: the integer reaches the loss only through stop_gradient
     "cast-straight-through": (
         lambda x: jnp.sum((x + jax.lax.stop_gradient(x.astype(jnp.int32) - x)) ** 2),

@@ -153,3 +153,25 @@ def test_isnan_is_not_a_boundary():
 def test_nonfinite_without_kinks_is_explained():
     r = gsj.sanitize(jax.grad(lambda x: jnp.sqrt(x) * 2.0))(jnp.float32(0.0))
     assert [f.catalog_id for f in r.findings] == ["sqrt-at-zero"]
+
+
+def test_count_screen_keeps_only_what_the_count_reads():
+    """sanitize's screen returns the count alone (the outputs are the user's own call, G0):
+    the compiled program has no backward pass (fewer matrix products than the step) and
+    agrees with the full screen's count, clean and at a kink; arrays-only calls share one
+    cached program."""
+    params = _mlp(jax.random.PRNGKey(0), [8, 16, 16, 4])
+    x = jax.random.normal(jax.random.PRNGKey(1), (5, 8))
+    y = jax.nn.one_hot(jnp.arange(5) % 4, 4)
+    g = jax.jit(jax.grad(_mlp_loss))
+    sc = _screen.Screener(g)
+    assert sc.count((params, x, y), {}) == sc((params, x, y), {})[1] == 0
+    x0 = x.at[0].set(0.0)
+    params0 = [(w, jnp.zeros_like(b)) for w, b in params]
+    assert sc.count((params0, x0, y), {}) == sc((params0, x0, y), {})[1] > 0
+    plain = [v for k, v in sc.cache.items() if k[0] == "plain"]
+    assert len(plain) == 1  # one program for both calls (same tree, shapes and dtypes)
+    flat = jax.tree_util.tree_leaves((params, x, y))
+    screen_hlo = plain[0][0].lower(*flat).compile().as_text()
+    step_hlo = g.lower(params, x, y).compile().as_text()
+    assert 0 < screen_hlo.count(" dot(") < step_hlo.count(" dot(")

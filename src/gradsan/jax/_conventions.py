@@ -12,6 +12,7 @@ import numpy as np
 
 from .._catalog._masks import windows as _windows
 from .._report._format import format_value
+from ._activations import corner_facts
 from ._compat import bind as _bind
 from .interpreter import to_numpy as _np
 
@@ -232,6 +233,23 @@ def convention(k: Kink) -> dict[str, Any]:
             else:
                 v = vals[0] if k.deps[0] else vals[1]
                 d["admissible"] = bool(0 <= v <= 1)
+        elif op == "activation":
+            # JAX's derivative of the call (relu6's custom_jvp rule when it is relu6 itself)
+            x = float(_at(k.operands[0], idx, shape))
+            custom = k.scope.custom
+            if (
+                custom is not None
+                and custom[0].primitive.name == "custom_jvp_call"
+                and len(custom[1]) == 1
+                and np.shape(custom[1][0]) == np.shape(invals[0])
+            ):
+                val = float(_at(_jvp_wrt(custom[0], list(custom[1]), 0)[0], idx, shape))
+                name = k.params.get("library", "custom_jvp")
+                d["rule"] = f"the custom_jvp rule of the enclosing function ({name})"
+            else:
+                val = float(_at(_jvp_wrt(k.eqn, invals, 0)[0], idx, shape))
+            d["value"] = _fmt(val)
+            d.update(corner_facts(k, x, val))
         elif op == "clamp":
             if invals is not None and len(invals) == 3 and k.eqn.primitive.name == "clamp":
                 val = float(_at(_jvp_wrt(k.eqn, invals, 1)[0], idx, shape))

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._catalog._masks import windows as _windows
+from . import _activations
 from ._compat import bind as _bind
 from ._rules import is_float
 from .interpreter import to_numpy as _np
@@ -441,7 +442,8 @@ def _svd(k: Kink, t: list[np.ndarray]) -> list | None:
 
 
 def _library(k: Kink, t: list[np.ndarray]) -> list | None:
-    """jnp.clip (clamp in lax order) and jnp.hypot, reported as the call."""
+    """jnp.clip (clamp in lax order), jnp.hypot and jax.nn's piecewise activations, reported
+    as the call."""
     ad = rule_jvp(k.eqn, list(k.invals or []), list(t))
     if ad[0] is None:
         return None
@@ -456,6 +458,8 @@ def _library(k: Kink, t: list[np.ndarray]) -> list | None:
     elif k.op == "hypot":
         a, b = np.broadcast_arrays(t[0], t[1])
         os = np.hypot(a, b)
+    elif k.op == "activation":  # jax.nn.leaky_relu, elu, ...: the slope of the side moved to
+        os = _activations.one_sided(k, t[0])
     else:
         return None
     os = np.broadcast_to(os, np.shape(ad[0]))
@@ -676,3 +680,49 @@ def inject(outs: list, key: tuple, table: dict, eps: Any) -> list:
         o = outs[out_i]
         outs[out_i] = o + (eps[col] * jnp.asarray(delta, jnp.float32)).astype(o.dtype)
     return outs
+
+
+def inner_smooth(closed: Any, flat_args: list, dirs: list[list]) -> str | None:
+    """For a function that runs a backward pass of its own and whose derivative the caller
+    takes (``jax.hessian(f)``: the inner gradient ``jax.jacrev(f)``): whether it is
+    differentiable at the point along ``dirs`` (both signs), numerically. ``"jump"`` when its
+    value moves by more than rounding as the step shrinks tenfold (a jump: no derivative there),
+    ``"kink"`` when AD's derivative just off the point differs from AD's value at it by more
+    than curvature explains (a one-sided derivative that is not AD's), ``"smooth"`` when
+    neither; None when it cannot be evaluated so."""
+    fi = [i for i in range(len(flat_args)) if dirs and dirs[0][i] is not None]
+    if not fi:
+        return None
+    base = [jnp.asarray(a) for a in flat_args]
+
+    def f(*xs: Any) -> Any:
+        full = list(base)
+        for i, x in zip(fi, xs):
+            full[i] = x
+        outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *full)
+        flat = [jnp.ravel(o).astype(jnp.float32) for o in outs if is_float(o)]
+        return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
+
+    value = jax.jit(f)
+    xs = [base[i] for i in fi]
+    xmax = max(1.0, max(float(jnp.max(jnp.abs(x))) if x.size else 0.0 for x in xs))
+    try:
+        v0 = np.asarray(value(*xs), np.float64)
+        mag = max(1.0, float(np.max(np.abs(v0)))) if v0.size else 1.0
+        for d in dirs:
+            ts = [jnp.asarray(d[i], base[i].dtype) for i in fi]
+            dmax = max(float(jnp.max(jnp.abs(t))) if t.size else 0.0 for t in ts)
+            if dmax == 0.0:
+                continue
+            for s in (1.0, -1.0):
+                moves = []
+                for h in (1e-3 * xmax / dmax, 1e-4 * xmax / dmax):
+                    v = np.asarray(value(*[x + (s * h) * t for x, t in zip(xs, ts)]), np.float64)
+                    moves.append(float(np.max(np.abs(v - v0))) if v0.size else 0.0)
+                if moves[1] > 1e3 * _EPS * mag and moves[1] > 0.5 * moves[0]:
+                    return "jump"
+        if disagrees(stepped(closed, flat_args, dirs)):
+            return "kink"
+    except Exception:  # a function that cannot be evaluated off the point: not decided
+        return None
+    return "smooth"

@@ -31,6 +31,7 @@ from .._report import Finding, Frame, Report
 from .._report._build import build
 from .._report._format import format_value
 from . import _compat, _depends
+from ._activations import activation_call
 from ._call import (
     check_callable,
     check_concrete_outputs,
@@ -272,15 +273,22 @@ class KinkEval(DependenceEval):
                 self._open_calls.pop()
 
     def _library_kink(self, eqn: Any, key: tuple, invals: list, deps: list, sub: KinkScope) -> None:
+        params: dict = {}
         found = library_operands(sub.library, eqn, invals, deps)
-        if found is None:
-            return
-        op, operands, kdeps = found
-        operands = [_np(v) for v in operands]
-        sub.summarized = True
-        hit = classify(op, operands, None, {})
+        if found is not None:
+            op, operands, kdeps = found
+            operands = [_np(v) for v in operands]
+            sub.summarized = True
+        else:  # a jax.nn activation: the call is the operation only at one of its corners
+            act = activation_call(sub.library, eqn, invals, deps)
+            if act is None:
+                return
+            op, operands, kdeps, params = act
+            operands = [_np(v) for v in operands]
+        hit = classify(op, operands, None, params)
         if hit is None:
             return
+        sub.summarized = True
         self.kinks.append(
             Kink(
                 key,
@@ -290,7 +298,7 @@ class KinkEval(DependenceEval):
                 sub,
                 operands,
                 tuple(kdeps),
-                {},
+                params,
                 hit.entry_id,
                 np.asarray(hit.mask, bool),
                 hit.got,
@@ -485,13 +493,19 @@ class Injector(DependenceEval):
     the value along a path a gradient can take (stop_gradient cuts it)."""
 
     def __init__(
-        self, table: dict, eps: Any, marks: dict | None = None, replace: dict | None = None
+        self,
+        table: dict,
+        eps: Any,
+        marks: dict | None = None,
+        replace: dict | None = None,
+        gradient_only: bool = False,
     ) -> None:
         super().__init__()
         self.table = table
         self.eps = eps
         self.marks = marks or {}
         self.replace = replace or {}  # key -> [(output, value)]: an index or cast substituted
+        self.gradient_only = gradient_only  # sides cut where no gradient flows (integers)
 
     def _replaced(self, outs: list, key: tuple) -> list:
         for i, v in self.replace.get(key, ()):
@@ -521,9 +535,20 @@ class Injector(DependenceEval):
         if eqn.primitive.name == "stop_gradient":
             sides: list[frozenset] = [frozenset()] * len(outs)
         else:
-            sides = [frozenset().union(*insides)] * len(outs)
+            sides = self._flow(invals, insides, outs)
         outs = _depends.inject(self._replaced(list(outs), key), key, self.table, self.eps)
         return outs, self._mark(key, sides)
+
+    def _flow(self, invals: list, insides: list, outs: list) -> list[frozenset]:
+        """The sides of an equation's outputs: every input's; with ``gradient_only`` a float
+        output takes only its float inputs' (no gradient flows through an integer:
+        ``one_hot(argmax(x))`` carries no gradient to x; its value jumps, its tangent does
+        not), an integer or boolean output every input's (an index computed from an index)."""
+        every = frozenset().union(*insides)
+        if not self.gradient_only:
+            return [every] * len(outs)
+        floats = frozenset().union(*[x for v, x in zip(invals, insides) if is_float(v)])
+        return [floats if is_float(o) else every for o in outs]
 
     def call(
         self,
@@ -537,7 +562,7 @@ class Injector(DependenceEval):
     ) -> tuple[list, list]:
         if eqn.primitive.name in CUSTOM_RULE_CALLS:
             outs = _bind(eqn, invals)
-            sides = [frozenset().union(*insides)] * len(outs)
+            sides = self._flow(invals, insides, outs)
         else:
             outs, sides = self.run(
                 jaxpr,
@@ -551,10 +576,47 @@ class Injector(DependenceEval):
         return outs, self._mark(key, list(sides))
 
 
+_JAC_CODES: set | None = None
+
+
+def jacobian_of(fun: Any) -> tuple[Callable, Any] | None:
+    """(g, argnums) when ``fun`` is ``jax.jacfwd(g)`` / ``jax.jacrev(g)`` (so ``jax.hessian(f)``
+    gives ``jax.jacrev(f)``), looked up through ``__wrapped__`` (a jit of it); recognised by
+    the code object of JAX's wrapper (never by name), None otherwise or with ``has_aux``."""
+    global _JAC_CODES
+    if _JAC_CODES is None:
+        try:
+            _JAC_CODES = {jax.jacfwd(abs).__code__, jax.jacrev(abs).__code__}
+        except Exception:  # a JAX whose wrappers differ: recognise nothing
+            _JAC_CODES = set()
+    _compat.grad_info(abs)  # JAX's grad wrappers' codes, read once
+    grads = _compat._CODES or {}
+    seen = 0
+    while callable(fun) and seen < 8:
+        if getattr(_compat._unboundary(fun), "__code__", None) in grads:
+            return None  # jax.grad(...) comes first: grad_info's case
+        if getattr(fun, "__code__", None) in _JAC_CODES:
+            try:
+                g, argnums, aux = (_compat._cell(fun, n) for n in ("fun", "argnums", "has_aux"))
+            except LookupError:
+                return None
+            return None if aux or not callable(g) else (g, argnums)
+        nxt = getattr(fun, "__wrapped__", None)
+        if nxt is None or nxt is fun:
+            return None
+        fun, seen = nxt, seen + 1
+    return None
+
+
 def differentiated(fun: Callable, nums: tuple | None) -> tuple[Callable, tuple | None]:
     """The function whose gradient a kink can change, and the arguments it is taken with
     respect to: ``f`` for ``jax.grad(f)`` / ``jax.value_and_grad(f)`` (its first output with
-    ``has_aux``), else ``fun`` itself."""
+    ``has_aux``), ``g`` for ``jax.jacfwd(g)`` / ``jax.jacrev(g)`` (``jax.jacrev(f)`` for
+    ``jax.hessian(f)``), else ``fun`` itself."""
+    jac = jacobian_of(fun)  # before grad_info, which looks through jacfwd(jax.grad(f))
+    if jac is not None:
+        g, argnums = jac
+        return g, ((argnums,) if isinstance(argnums, int) else tuple(argnums))
     info = _compat.grad_info(fun)
     if info is None:
         return fun, nums
@@ -599,9 +661,24 @@ def has_backward(closed: Any) -> bool:
 
 
 CHAIN = "one-sided derivatives equal to AD's"
+INNER_SMOOTH_NOTE = (
+    "{n} kink(s) or tie(s) checked and left out: {fn} (it runs its own backward pass) is "
+    "differentiable at the point along {k} random directions, both signs (its value moves "
+    "continuously and AD's derivative just off the point agrees with AD's value at it, "
+    "numerically), so the derivative taken of it is AD's"
+)
+INNER_NONSMOOTH_NOTE = {
+    "jump": "{fn} (it runs its own backward pass) jumps at the point along a random direction: "
+    "the derivative taken of it does not exist there, and AD's value is a convention",
+    "kink": "{fn} (it runs its own backward pass) has one-sided derivatives at the point that "
+    "differ from AD's along a random direction: the derivative taken of it is a convention",
+}
 UNCHECKED_NOTE = (
     "{fn} runs its own backward pass: its kinks are listed without checking whether its "
-    "gradient depends on them (sanitize the loss, or jax.grad of it, to check)"
+    "gradient depends on them (its outputs may be a derivative of a gradient that jumps, as "
+    "the Hessian of relu at 0, which is 0 along every direction: a check of the outputs "
+    "cannot tell. Sanitize the loss, jax.grad of it, or the jax.hessian / jax.jacfwd / "
+    "jax.jacrev of it, to check)"
 )
 CHECKED_NOTE = (
     "{n} kink(s) or tie(s) checked and left out: the gradient does not depend on the choice "
@@ -630,7 +707,21 @@ def kink_report(
             dirs = random_directions(flat_args, owner, tnums, directions)
             per_dir = kink_tangents(closed, flat_args, want, dirs)
         notes = [UNCHECKED_NOTE.format(fn=fname)] if ev.kinks and directions > 0 else []
-        return kink_findings(ev, per_dir, ignore), notes
+        found = kink_findings(ev, per_dir, ignore)
+        if found and directions > 0 and target is not fun:
+            # the function differentiated runs a backward pass (jax.hessian(f) differentiates
+            # jax.jacrev(f)): its derivative is AD's where it is differentiable at the point
+            tname = getattr(target, "__name__", "function")
+            if getattr(target, "__code__", None) in (_JAC_CODES or ()):
+                tname = f"the Jacobian of {tname}"
+            dirs = random_directions(flat_args, owner, tnums, directions)
+            verdict = _depends.inner_smooth(closed, flat_args, dirs)
+            if verdict == "smooth":
+                n = len(found)
+                return [], [INNER_SMOOTH_NOTE.format(n=n, fn=tname, k=directions)]
+            if verdict in ("jump", "kink"):
+                notes = [INNER_NONSMOOTH_NOTE[verdict].format(fn=tname)]
+        return found, notes
     keep, counts = depending_kinks(closed, flat_args, ev, owner, tnums, directions, ignore)
     ev.kinks = keep
     found = kink_findings(ev, [], ignore, decided=True)
@@ -765,9 +856,16 @@ def depending_kinks(
             for c in back:
                 verdicts[c] = _depends.Verdict(True, "one-sided derivative differs")
     if subs:
-        if not reach:  # the paths a gradient takes, from one plain pass
+        if not reach:  # the paths to the outputs, from one plain pass
             run({}, jnp.zeros((0,), jnp.float32))
-        moved = substituted(closed, flat_args, dirs, subs, marks, reach[0] if reach else None)
+        # the value of a substituted index matters only along a path a gradient takes
+        flows, fsides = Injector({}, None, marks, gradient_only=True).run_closed(
+            closed, flat_args, sides
+        )
+        greach = frozenset().union(*[x for o, x in zip(flows, fsides) if is_float(o)])
+        moved = substituted(
+            closed, flat_args, dirs, subs, marks, reach[0] if reach else None, greach
+        )
         for c in {c for c, _ in subs} - undecided:
             if c in moved:
                 verdicts[c] = _depends.Verdict(True)
@@ -786,7 +884,13 @@ def depending_kinks(
 
 
 def substituted(
-    closed: Any, flat_args: list, dirs: list[list], subs: dict, marks: dict, reach: Any
+    closed: Any,
+    flat_args: list,
+    dirs: list[list],
+    subs: dict,
+    marks: dict,
+    reach: Any,
+    greach: Any = None,
 ) -> set[int]:
     """The candidates whose integer output (an argmax, a tied sort's indices, a float -> int
     cast at a jump), replaced by its one-sided value, changes the outputs' tangent along that
@@ -831,9 +935,11 @@ def substituted(
         dv = float(np.max(np.abs(v1 - v0))) if v0.size else 0.0
         vscale = float(np.max(np.abs(v0))) if v0.size else 0.0
         if reach is not None and c not in reach:
-            continue  # no gradient path to an output (stop_gradient: a straight-through cast)
+            continue  # no path to an output but through stop_gradient (a straight-through cast)
         if not np.isfinite(dt) or dt > 1e3 * _depends._EPS * max(scale, 1e-30):
-            moved.add(c)
+            moved.add(c)  # the gradient itself changes with the choice
+        elif greach is not None and c not in greach:
+            continue  # its value reaches the outputs only through integers (no gradient flows)
         elif dv > 1e3 * _depends._EPS * max(vscale, 1.0):
             moved.add(c)
     return moved
@@ -894,7 +1000,7 @@ def sanitize(
         kinks = None
         if screen_ok(fun, args, kwargs):
             try:
-                kinks = screener(args, kwargs)[1]
+                kinks = screener.count(args, kwargs)
             except Exception:  # anything the screen cannot trace: the full evaluation says why
                 kinks = None
         if kinks is not None and host_flag(outputs):

@@ -164,7 +164,8 @@ class _Screen(Restaging):
 
 
 class Screener:
-    """One compiled screen per argument structure: ``(outputs, kinks, nonfinite)`` where
+    """One compiled screen per argument structure: ``(outputs, kinks, nonfinite)`` (and
+    :meth:`count`, the count alone, what sanitize calls) where
     ``kinks`` counts the elements KinkEval could record and ``nonfinite`` says whether an
     output is NaN or Inf. A healthy program (both zero) needs nothing else: no interpreter,
     no eager re-run, and a warm call costs about one plain step."""
@@ -190,8 +191,36 @@ class Screener:
         bad = not host_flag(outs)
         return jax.tree_util.tree_unflatten(out_tree[0], outs), int(kinks), bad
 
+    def count(self, args: tuple, kwargs: dict) -> int:
+        """The kink count alone, from a screen that returns nothing else. sanitize's outputs
+        are the user's own call (G0), so the screen's outputs are not needed: without them
+        XLA drops everything the count does not read (a train step's backward pass, whose
+        equations sanitize never records), and a warm screen costs about the forward pass
+        instead of a second whole step."""
+        leaves, tree = _plain_leaves(self.fun, args, kwargs)
+        if leaves is not None:  # arrays only, no static arguments: the tree is the key
+            key: tuple = ("plain", tree)
+            entry = self.cache.get(key)
+        else:
+            entry = None
+        if entry is None:
+            call = flatten_call(self.fun, args, kwargs)
+            full = ("count", call.in_tree, call.statics)
+            entry = self.cache.get(full)
+            if entry is None:
+                entry = self.cache[full] = self._build(call.fun, outputs=False)
+            if leaves is not None:
+                self.cache[key] = entry
+            leaves = call.flat
+        jitted, _ = entry
+        flat = [
+            jnp.asarray(a) if isinstance(a, (bool, int, float, complex)) else a
+            for a in leaves or ()
+        ]
+        return int(jitted(*flat))
+
     @staticmethod
-    def _build(flat_fun: Callable):
+    def _build(flat_fun: Callable, outputs: bool = True):
         out_tree: list = [None]
 
         def screened(*flat):
@@ -200,14 +229,33 @@ class Screener:
             ev = _Screen()
             sides = [(is_float(a) or jnp.asarray(a).dtype.kind in "iub", None) for a in flat]
             outs, _ = ev.run_closed(closed, list(flat), sides)
-            return outs, ev.count
+            return (outs, ev.count) if outputs else ev.count
 
         return jax.jit(screened), out_tree
+
+
+_PLAIN = (jax.Array, np.ndarray)
+
+
+def _plain_leaves(fun: Callable, args: tuple, kwargs: dict) -> tuple[list | None, Any]:
+    """The leaves and tree of ``(args, kwargs)`` when ``fun`` has no static arguments and every
+    leaf is an array of a numpy dtype (no PRNG key, no Python object): then they are exactly
+    what ``flatten_call`` traces, without its labels (a name per leaf, a cost per call that
+    grows with the parameter tree). (None, None) otherwise."""
+    if _compat.jit_statics(fun) != ((), ()):
+        return None, None
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    for x in leaves:
+        if not isinstance(x, _PLAIN) or not isinstance(x.dtype, np.dtype):
+            return None, None
+    return leaves, tree
 
 
 def screen_ok(fun: Callable, args: tuple, kwargs: dict) -> bool:
     """Whether the arguments can go to the compiled screen as they are (bad ones go to the
     full evaluation, which explains what is wrong with them)."""
+    if _plain_leaves(fun, args, kwargs)[0] is not None:
+        return True  # arrays only: nothing to refuse, nothing to name
     call = flatten_call(fun, args, kwargs)
     labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
     check_args(leaves, labels, "sanitize")

@@ -496,9 +496,10 @@ def _differ(left: Any, right: Any) -> Any:
 
 def activation_corners(fn: str, params: Any) -> tuple[tuple[float, Any, Any], ...]:
     """The corners of the activation ``fn`` (``leaky_relu``, ``prelu``, ``rrelu``, ``elu``,
-    ``selu``, ``hardswish``, ``hardsigmoid``, ``softshrink``, ``threshold``) with its
+    ``selu``, ``hardswish``, ``hardsigmoid``, ``softshrink``, ``threshold``, ``relu6``,
+    ``hardtanh``) with its
     parameters (``negative_slope``, ``alpha``, ``lambd``, ``threshold``/``value``,
-    ``lower``/``upper``/``training``): (x, left, right) for every corner where the one-sided
+    ``lower``/``upper``/``training``, ``min_val``/``max_val``): (x, left, right) for every corner where the one-sided
     slopes differ (anywhere, for an array slope)."""
     got: tuple[tuple[float, Any, Any], ...]
     if fn in ("leaky_relu", "prelu"):  # prelu: its weight broadcast to the operand
@@ -521,6 +522,11 @@ def activation_corners(fn: str, params: Any) -> tuple[tuple[float, Any, Any], ..
     elif fn == "threshold":  # x above the threshold, value at and below it
         th, value = float(params.get("threshold", 0.0)), float(params.get("value", 0.0))
         got = ((th, 0.0, 1.0),) if value == th else ()  # else a jump: activation_jumps
+    elif fn == "relu6":  # min(max(x, 0), 6) (JAX's jax.nn.relu6; PyTorch's is clip-at-bound)
+        got = ((0.0, 0.0, 1.0), (6.0, 1.0, 0.0))
+    elif fn == "hardtanh":  # clip(x, min_val, max_val) (JAX's jax.nn.hard_tanh: -1, 1)
+        lo, hi = float(params.get("min_val", -1.0)), float(params.get("max_val", 1.0))
+        got = ((lo, 0.0, 1.0), (hi, 1.0, 0.0))
     else:
         return ()
     return tuple(c for c in got if np.any(_differ(c[1], c[2])))
@@ -563,8 +569,9 @@ ACTIVATION_CORNER = Singularity(
     singular_set=(
         "leaky_relu, prelu (weight != 1), rrelu, elu (alpha != 1) and selu at x == 0; "
         "hardswish and hardsigmoid at x == -3 and x == 3; softshrink at x == -lambd and "
-        "x == lambd (lambd > 0); threshold at x == threshold when value == threshold (relu6 "
-        "and hardtanh are clip-at-bound)"
+        "x == lambd (lambd > 0); threshold at x == threshold when value == threshold; JAX's "
+        "relu6 at 0 and 6 and hard_tanh at -1 and 1 (PyTorch's relu6 and hardtanh are "
+        "clip-at-bound)"
     ),
     derivative=(
         "one slope on each side of the corner: leaky_relu negative_slope | 1, prelu weight | 1 "
@@ -576,9 +583,10 @@ ACTIVATION_CORNER = Singularity(
     ),
     subdifferential="the interval between the two one-sided slopes",
     conventions={
-        "jax": "jax.nn.leaky_relu, elu and selu are jnp.where selections (where-at-boundary): "
-        "grad(jax.nn.leaky_relu)(0.) = 1.0, grad(lambda x: jax.nn.elu(x, 0.5))(0.) = 0.5; "
-        "hard_swish is relu6 (a custom_jvp): 0.0 at -3, 1.0 at 3",
+        "jax": "grad(jax.nn.leaky_relu)(0.) = 1.0 (the right slope), "
+        "grad(lambda x: jax.nn.elu(x, 0.5))(0.) = 0.5 and selu scale * alpha (the left one); "
+        "hard_tanh 1.0 at -1 and 1; relu6 (a custom_jvp) 0.0 at 0 and 6, so hard_swish 0.0 "
+        "at -3 and 1.0 at 3, hard_sigmoid 0.0 at both",
         "torch": "F.leaky_relu(x, 0.1) gives 0.1 at 0, F.prelu its weight, F.rrelu (lower + "
         "upper) / 2 in eval mode and the drawn slope in training, F.elu(x, 0.5) 0.5, F.selu "
         "1.7581 (scale * alpha); F.hardswish 0.0 at -3 and 1.0 at 3; F.hardsigmoid 0.0 at "
