@@ -45,6 +45,9 @@ class Recorder:
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         key = report.nodeid
+        if key.startswith("::"):  # a test file outside the rootdir (--pyargs): name its file
+            path = str(report.location[0]).replace(os.sep, "/")
+            key = path.rpartition("site-packages/")[2].lstrip("./") + key
         ctx = getattr(report, "context", None)  # pytest's subtests
         if ctx is not None:
             msg = getattr(ctx, "msg", None)
