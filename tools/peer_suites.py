@@ -18,6 +18,15 @@ on PYTHONPATH::
     python tools/peer_suites.py run --mode gradsan --cwd DIR --out /tmp/x.gradsan -- ARGS...
     python tools/peer_suites.py compare /tmp/x.plain /tmp/x.gradsan
 
+The tests that mean their NaN/Inf are allowed on the command line (session 14's lists, each
+checked by reading the test): equinox's error_if(on_error="nan") tests
+``--gradsan-allow=tests/test_errors.py::test_nan --gradsan-allow=tests/test_errors.py::test_nan_tracetime``;
+optax's ``--gradsan-allow="test_apply_if_finite or test_statefull_inner or test_zero_nans or
+SafeSoftmaxCrossEntropyTest"`` (they feed NaN/Inf on purpose) and
+``--gradsan-allow=optax/_src/alias_test.py::AliasTest::test_optimization10`` (adadelta without
+a learning rate on Rosenbrock: its state overflows to inf, and the test skips itself after the
+run as numerically unstable).
+
 ``both`` runs plain, then ``--gradsan`` (any ``--gradsan-allow=...`` among the pytest arguments
 is kept for the gradsan run only), writing PREFIX.plain / PREFIX.gradsan and PREFIX.*.log, then
 compares. ``compare`` exits 1 when a test's outcome differs, 0 otherwise.
