@@ -139,3 +139,27 @@ def test_gradsan_modules_are_not_assertion_rewritten(pytester):
     )
     r = pytester.runpytest_subprocess("--gradsan", "-p", "no:cacheprovider")
     r.assert_outcomes(passed=1)
+
+
+def test_allow_by_node_id_of_a_test_file_outside_the_rootdir(pytester):
+    # pytest --pyargs optax from elsewhere: the node ids are `::Class::test` (no file); the
+    # file's path tail names them (optax alias_test's adadelta-without-learning-rate run)
+    site = pytester.mkdir("site-packages")
+    (site / "mypkg").mkdir()
+    (site / "mypkg" / "__init__.py").write_text("")
+    (site / "mypkg" / "test_inst.py").write_text(TESTS.split("class T")[0])
+    run = pytester.mkdir("elsewhere")
+    r = pytester.runpytest_subprocess(
+        "--gradsan",
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "mypkg.test_inst",
+        f"--rootdir={run}",
+        "-o",
+        f"pythonpath={site}",
+        "--gradsan-allow=mypkg/test_inst.py::test_nan_gradient",
+        "--gradsan-allow=test_inst.py::test_apply_if_finite_feeds_nan",
+    )
+    r.assert_outcomes(passed=4)
+    r.stdout.fnmatch_lines(["*; 2 tests allowed NaN/Inf*"])

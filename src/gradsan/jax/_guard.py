@@ -69,6 +69,7 @@ def _identity(inner: Callable) -> tuple[tuple, tuple] | None:
     except ValueError:  # an empty cell
         return None
     objs = (*cells, inner.__globals__, inner.__defaults__, inner.__kwdefaults__)
+    objs += (getattr(inner, "__self__", None),)  # a bound method: its object (opt.update)
     return (code, tuple(id(o) for o in objs)), objs
 
 
