@@ -14,8 +14,11 @@ Parts:
 - ``step``: under `gradsan run`'s patch, a jitted step of about 10 us called in a loop, per
   call; against the same loop without gradsan.
 - ``steps``: steps of about 20 us, 200 us, 1 ms and 2 ms (``--sizes``): plain, `gradsan run`
-  with the flag read at each call (``run_now``) and one call late (``run_late``: what
-  `gradsan run` does, on the CPU too), and ``gradsan.jax.guard``; the overhead per call in
+  with the flag read at each call (``run_now``), ``run_late`` (what `gradsan run` does: one
+  call late, except a flag already computed right after its dispatch, which is read at once;
+  the line "read N flags at once, M one call late" says which), ``run_always_late`` (every
+  flag one call late, with the inputs' snapshot: session 14's first version), and
+  ``gradsan.jax.guard``; the overhead per call in
   microseconds and the ratio, each against plain in the same round.
 
 Timing is paired: every round runs each variant once in alternating order; we print the
@@ -244,6 +247,10 @@ def part_steps(rounds: int, sizes: list[str]) -> None:
             _patch_jax._accelerated = lambda: True  # type: ignore[attr-defined]
             late = _user_code(src)
             late["steps"](x, 3)
+            # (session 14, before the adaptive read: every flag one call late, snapshot kept)
+            hooks.defer_flags = "late"  # type: ignore[attr-defined]
+            always = _user_code(src)
+            always["steps"](x, 3)
         finally:
             if accelerated is not None:
                 _patch_jax._accelerated = accelerated  # type: ignore[attr-defined]
@@ -267,6 +274,7 @@ def part_steps(rounds: int, sizes: list[str]) -> None:
             "plain": plain["steps"],
             "run_now": now["steps"],
             "run_late": late["steps"],
+            "run_always_late": always["steps"],
             "guard": guard_loop,
         }
 
@@ -283,6 +291,8 @@ def part_steps(rounds: int, sizes: list[str]) -> None:
         finally:
             _patch_jax.flush_pending(hooks)
             hooks.uninstall()
+        now_n, late_n = getattr(late["step"], "_reads", ("?", "?"))
+        print(f"  step {size}: run_late read {now_n} flags at once, {late_n} one call late")
         print(f"  step {size}: plain {stats(got['plain'])} us/call")
         print(f"RESULT steps.{size}.plain_us={statistics.median(got['plain']):.1f}")
         for k in loops:

@@ -44,10 +44,13 @@ def test_jax_example_stops_at_step_7_and_reproduces(tmp_path):
     script = EXAMPLES / "jax_pairwise_distance.py"
     r = gradsan("run", "--json", "out.json", script, cwd=tmp_path)
     assert r.returncode == 3, r.stderr
-    # the flag is read one call late: the script's own code after step 7 ran (it printed
-    # step 7's loss and the next header), then the 9th call did not return
-    assert last_step(r.stdout) == "step 8" and r.stdout.endswith("step 8\n")
-    assert "\nstep 7\n  loss " in r.stdout
+    if "is read one call late" in r.stderr:  # the step was still running after dispatch:
+        # the script's own code after step 7 ran (it printed step 7's loss and the next
+        # header), then the 9th call did not return
+        assert last_step(r.stdout) == "step 8" and r.stdout.endswith("step 8\n")
+        assert "\nstep 7\n  loss " in r.stdout
+    else:  # the step was done when its dispatch returned: its flag was read at once
+        assert last_step(r.stdout) == "step 7" and r.stdout.endswith("step 7\n")
     assert "the 8th call of `train_step` (jax.jit) returned NaN/Inf" in r.stderr
     assert "replaying it through the interpreter" in r.stderr and "replay done in" in r.stderr
     sqrt_line = line_of(script, "embedding distance")

@@ -62,7 +62,7 @@ def test_a_lambda_remade_over_the_same_values_reuses_the_program(hooks):
 
 
 def test_deferred_flags_report_the_call_they_belong_to(hooks):
-    hooks.defer_flags = True
+    hooks.defer_flags = "late"  # every flag one call late (the adaptive read: below)
     step = jax.jit(lambda x, k: jnp.log(x - k))
     x = jnp.ones(3) * 5.0
     step(x, 1.0)
@@ -75,13 +75,46 @@ def test_deferred_flags_report_the_call_they_belong_to(hooks):
 
 
 def test_deferred_flag_of_the_last_call_is_read_at_the_flush(hooks):
-    hooks.defer_flags = True
+    hooks.defer_flags = "late"
     step = jax.jit(lambda x: jnp.sqrt(x))
     step(jnp.ones(2))
     step(-jnp.ones(2))  # the last call: nothing reads its flag but the flush
     with pytest.raises(Failed) as e:
         _patch_jax.flush_pending(hooks)
     assert e.value.args == (2,)
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["fast", "slow"])
+def test_a_step_done_within_its_dispatch_is_read_at_once_a_slow_one_late(hooks, slow):
+    """`gradsan run`'s read (defer_flags=True): a cheap step that XLA:CPU runs within its
+    dispatch has its flag read at once (no snapshot of its inputs) and a NaN is reported at
+    its own call; a step still running when the dispatch returns (large matmuls) has its
+    flag read one call late. Either way the report names the failing call, with its inputs."""
+    hooks.defer_flags = True
+    n = 400 if slow else 4
+    w = jnp.full((n, n), 1.0 / n)
+    if slow:
+        step = jax.jit(lambda x: jnp.log(((x @ w) @ w) @ w))
+    else:
+        step = jax.jit(lambda x: jnp.log(x * 0.5))
+    x = jnp.ones((n, n))
+    for _ in range(4):
+        step(x)
+    now, late = step._reads  # the fused calls after the first
+    assert (now, late) == ((0, 3) if slow else (3, 0))
+    bad = x.at[1].set(-1.0)  # a row of negatives: its log is NaN
+    if slow:
+        step(bad)  # the 5th call: its flag is still being computed, read at the 6th
+        assert not hooks.failures
+        with pytest.raises(Failed) as e:
+            step(x)
+    else:
+        with pytest.raises(Failed) as e:
+            step(bad)
+    (f,) = hooks.failures
+    assert e.value.args == (5,) and f.call == 5
+    assert np.array_equal(np.asarray(f.args[0]), np.asarray(bad))
+    assert f.report.findings[0].primitive == "log"
 
 
 @pytest.mark.parametrize("n", [3, _flags.CHUNK * 2 + 5])
@@ -234,12 +267,13 @@ def test_an_approximate_replay_that_differs_is_replayed_exactly(monkeypatch):
     assert not any("replayed with numpy" in n for n in rep.notes)
 
 
-def test_a_flag_not_read_when_the_script_raises_is_reported_first(tmp_path):
+def test_a_flag_not_read_when_the_script_raises_is_reported_first(tmp_path, monkeypatch):
     """Flags read one call late (`gradsan run`, CPU too): a script that checks its loss itself and raises after
     the NaN step still stops with gradsan's report of that step (exit 3), not its own error."""
     from gradsan._run._failure import EXIT_NONFINITE, Stop
     from gradsan._run._hooks import run_script
 
+    monkeypatch.setenv("GRADSAN_JAX_FLAG_READ", "late")  # (a cheap step is read at once)
     script = tmp_path / "train.py"
     script.write_text(
         "import jax, jax.numpy as jnp\n"

@@ -3,10 +3,13 @@ accelerators (issue 17): the NaN at step k is reported as step k, replayed with 
 inputs (also when the script refills its numpy batch buffer in place), the script's own code
 after step k runs as it would without gradsan, the (k+1)th call does not return, and the
 process exits with status 3. A donating step's flag is read before its next call is
-dispatched, so the report never reads a buffer that call consumed."""
+dispatched, so the report never reads a buffer that call consumed. A step done within its
+own dispatch (a cheap one on the CPU) has its flag read at once instead, with no snapshot:
+these tests force the late read (GRADSAN_JAX_FLAG_READ=late) but one, which checks that."""
 
 import contextlib
 import io
+import os
 import runpy
 import sys
 
@@ -88,6 +91,7 @@ def test_the_nan_step_is_reported_with_its_own_inputs(tmp_path, monkeypatch, don
     """``ready``: whether step k has finished when the script calls step k+1 (then its flag
     is read before step k+1 is dispatched; else after). A donating step's flag is read before
     its next call is dispatched either way."""
+    monkeypatch.setenv("GRADSAN_JAX_FLAG_READ", "late")  # this cheap step is read at once
     monkeypatch.setattr(_patch_jax, "_ready", lambda flag: ready)
     path = _script(tmp_path, donate)
     plain = _plain_stdout(path)
@@ -125,8 +129,29 @@ def _w_before(k: int) -> jnp.ndarray:
     return jnp.asarray(w)
 
 
-def test_a_step_whose_flag_is_never_followed_is_read_at_the_end(tmp_path):
+@pytest.mark.parametrize("donate", [False, True], ids=["plain", "donated"])
+def test_a_step_done_within_its_dispatch_is_reported_at_its_own_call(tmp_path, donate):
+    """The default read: this cheap step is done when its dispatch returns (XLA:CPU runs it
+    inline), so its flag is read at once, with no snapshot: the NaN at step k is reported
+    inside step k's call, with the script's live inputs, and the script's code after it
+    does not run."""
+    path = _script(tmp_path, donate)
+    plain = _plain_stdout(path)
+    code, got, out, err = _under_gradsan(path)
+    assert code == EXIT_NONFINITE
+    (f,) = got
+    assert f.call == BAD + 1 and "read one call late" not in err
+    assert out == _upto(plain, f"step {BAD}")  # stopped inside step k's call
+    assert np.array_equal(np.asarray(f.args[1]), np.array([BAD + 1] * 2 + [-1, BAD + 1]))
+    if not donate:
+        (finding,) = f.report.findings
+        assert finding.primitive == "log" and finding.where.file == path
+        assert np.array_equal(np.asarray(f.args[0]), np.asarray(_w_before(BAD)))
+
+
+def test_a_step_whose_flag_is_never_followed_is_read_at_the_end(tmp_path, monkeypatch):
     """The NaN at the last step: its flag is read when the script ends, still step k."""
+    monkeypatch.setenv("GRADSAN_JAX_FLAG_READ", "late")
     p = tmp_path / "last.py"
     p.write_text(
         "import jax, jax.numpy as jnp\n"
@@ -154,6 +179,7 @@ def test_gradsan_run_exits_3_at_the_nan_step(tmp_path):
         text=True,
         timeout=240,
         cwd=tmp_path,
+        env={**os.environ, "GRADSAN_JAX_FLAG_READ": "late"},  # the one-call-late read
     )
     assert r.returncode == 3, r.stderr[-2000:]
     assert r.stdout.splitlines()[-1] == f"step {BAD + 1}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -52,6 +53,8 @@ class Watched:
         self._checker: Checker | None = None  # built at the first eager call
         self._pending: tuple | None = None  # a call whose flag is not read yet (defer_flags)
         self._defer = False
+        self._adaptive = True  # read at once a flag ready right after its dispatch
+        self._reads = [0, 0]  # fused calls whose flag was read at once / one call late
         self._donating = False
         self._fast: Callable | None = None  # the fused jit, once the first eager call settled it
         self._tracer: type = type(None)
@@ -91,6 +94,20 @@ class Watched:
                 return out
             self._calls += 1
             if self._defer:  # _defer_flag, inlined: this runs at every call
+                if self._adaptive and flag.is_ready():
+                    # done within its dispatch (XLA:CPU runs a cheap program inline): reading
+                    # the flag now waits for nothing, so no snapshot is kept and a failure is
+                    # reported at its own call, with the script's live inputs
+                    self._reads[0] += 1
+                    pending = self._pending  # the previous call's, not ready before dispatch
+                    if pending is not None:
+                        self._pending = None
+                        if not np.asarray(pending[0]):
+                            self._settle(pending, late="after")
+                    if not np.asarray(flag):
+                        self._fail(args, kwargs, out, fast, self._calls)
+                    return out
+                self._reads[1] += 1
                 if self._pending is None:
                     self._pending = (flag, _snapshot(args, kwargs), out, fast, self._calls)
                     if before is None:
@@ -144,7 +161,14 @@ class Watched:
             # and the next call is not let return. A flag not read when the script ends or
             # raises is read then (run_script). A donating step's flag is read when its next
             # call comes, before that call consumes the buffers the report reads.
-            self._defer = bool(getattr(hooks, "defer_flags", False))
+            # A step that is done within its own dispatch (a cheap program XLA:CPU runs
+            # inline, ~10 us) has its flag read at once instead: no wait, and no snapshot
+            # of its inputs (which costs more than the read on such a step). The choice is
+            # made per call, by the flag's readiness right after dispatch; _reads counts
+            # both. GRADSAN_JAX_FLAG_READ=late reads every flag one call late.
+            defer = getattr(hooks, "defer_flags", False)
+            self._defer = bool(defer)
+            self._adaptive = defer != "late" and os.environ.get("GRADSAN_JAX_FLAG_READ") != "late"
             self._donating = checker.donating
             self._tracer = _tracer_type()
         if (checker.fused is None or not checker.state.get("sized")) and _has_tracer(
