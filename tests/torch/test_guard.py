@@ -151,14 +151,14 @@ def test_compiled_model_is_replayed_eagerly():
     [None, ("small", 20, float("nan")), ("large", -1, float("inf")), ("half", -1, -float("inf"))],
 )
 def test_the_fused_check_finds_any_nonfinite_element(bad):
-    """guard's one-sum check on CPU (with many gradients the small ones are stacked by shape
-    and dtype; large ones and sparse ones on their own) says non-finite exactly when an
-    element is."""
-    from gradsan.torch._guard import _MANY, finite
+    """guard's one-sum check on CPU (the small gradients flattened together per dtype, large
+    ones and sparse ones summed on their own) says non-finite exactly when an element is."""
+    from gradsan.torch._guard import finite
 
     torch.manual_seed(0)
+    many = 40
     gs = {
-        "small": [torch.randn(4, 4) for _ in range(_MANY + 8)] + [torch.randn(3)],
+        "small": [torch.randn(4, 4) for _ in range(many)] + [torch.randn(3)],
         "large": [torch.randn(300, 300)],
         "half": [torch.randn(8).half() * 1000 for _ in range(3)],  # sums past float16's range
         "f64": [torch.randn(2, 2, dtype=torch.float64)],
@@ -168,6 +168,25 @@ def test_the_fused_check_finds_any_nonfinite_element(bad):
         gs[bad[0]][bad[1]].view(-1)[1] = bad[2]
     flat = [g for v in gs.values() for g in v]
     assert finite(flat) is (bad is None)
-    assert finite(flat[-6:]) is (bad is None or bad[0] == "small")  # few: no stacking
-    big = [torch.full((4,), 3e38) for _ in range(_MANY + 1)]  # the sum overflows, values finite
+    assert finite(flat[-6:]) is (bad is None or bad[0] == "small")  # few
+    big = [torch.full((4,), 3e38) for _ in range(many + 1)]  # the sum overflows, values finite
     assert finite(big)
+    large = [torch.full((5000,), 3e38), torch.full((5000,), -3e38)]  # summed one by one
+    assert finite(large)
+
+
+@pytest.mark.parametrize("at", [0, 5, 9])
+def test_the_fused_check_flattens_in_chunks_and_reads_every_one(monkeypatch, at):
+    """Small CPU gradients are flattened at most _STACK elements at a time: a NaN in the
+    first, a middle or the last chunk is found; complex and mixed dtypes are read too."""
+    from gradsan.torch import _guard
+
+    monkeypatch.setattr(_guard, "_STACK", 40)
+    gs = [torch.randn(3, 5) for _ in range(10)]  # 15 elements: chunks of 2
+    mixed = [torch.randn(3, dtype=torch.complex64), torch.randn(2, dtype=torch.float64)]
+    assert _guard.finite(gs + mixed)
+    gs[at][1, 2] = float("nan")
+    assert not _guard.finite(gs + mixed)
+    gs[at][1, 2] = 0.0
+    mixed[0][1] = complex(0, float("inf"))
+    assert not _guard.finite(gs + mixed)

@@ -24,6 +24,7 @@ __all__ = [
     "current_autograd_node",
     "disable_torch_function",
     "dynamo_loaded",
+    "flatten_dense",
     "force_eager",
     "foreach_norm",
     "functorch_entry_points",
@@ -37,6 +38,9 @@ current_autograd_node = torch._C._current_autograd_node
 
 # One fused kernel for the norms of many tensors (what clip_grad_norm_ uses).
 foreach_norm = torch._foreach_norm
+
+# One flat copy of many dense tensors (what DDP's buckets use): one dispatch for all of them.
+flatten_dense = torch._C._nn.flatten_dense_tensors
 
 # Runs a block with the torch-function layer off (no mode sees the calls inside).
 disable_torch_function = torch._C.DisableTorchFunction
