@@ -29,6 +29,7 @@ __all__ = [
     "foreach_norm",
     "functorch_entry_points",
     "in_functorch",
+    "optimizer_hook_slot",
     "recompute_in_backward",
     "without_function_mode",
 ]
@@ -76,6 +77,19 @@ def force_eager() -> Iterator[None]:
         return
     with set_stance("force_eager"):
         yield
+
+
+def optimizer_hook_slot() -> tuple[dict, int] | None:
+    """torch's dict of global optimizer step pre-hooks and a key reserved in it (from torch's
+    hook counter, as ``register_optimizer_step_pre_hook`` takes one): guard adds and removes
+    its hook there on every step without making a handle. None where torch moved it."""
+    from torch.optim import optimizer
+    from torch.utils.hooks import RemovableHandle
+
+    hooks = getattr(optimizer, "_global_optimizer_pre_hooks", None)
+    if not isinstance(hooks, dict):  # pragma: no cover - another torch
+        return None
+    return hooks, RemovableHandle(hooks).id
 
 
 @functools.cache

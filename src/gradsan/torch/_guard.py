@@ -169,21 +169,32 @@ class _StepCheck:
     keep each passing optimizer's parameters before its update (a step with several
     optimizers: the replay undoes the earlier ones' updates)."""
 
-    def __init__(self, replaying: bool = False, snapshot: bool = False) -> None:
+    def __init__(self, replaying: bool = False, snapshot: bool = False, slot: Any = None) -> None:
         self.replaying = replaying
         self.snapshot = snapshot
         self.failed: Any = None
         self.checked = False
         self.handle: Any = None
+        self.slot = slot  # (torch's dict of global pre-hooks, a key reserved in it) or None
         self.stepped: list[Any] = []  # optimizers whose update went through in this step
         self.before: list[tuple[torch.Tensor, torch.Tensor]] = []  # (param, value before)
 
     def __enter__(self) -> _StepCheck:
-        self.handle = register_optimizer_step_pre_hook(self._hook)
+        slot = self.slot
+        if slot is not None and slot[1] not in slot[0]:
+            # what register_optimizer_step_pre_hook does (the hook added last), without
+            # making a handle on every step
+            slot[0][slot[1]] = self._hook
+        else:
+            self.slot = None
+            self.handle = register_optimizer_step_pre_hook(self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.handle.remove()
+        if self.slot is not None:
+            self.slot[0].pop(self.slot[1], None)
+        else:
+            self.handle.remove()
 
     def _hook(self, opt: Any, args: Any, kwargs: Any) -> None:
         self.checked = True
@@ -275,10 +286,12 @@ class guard:
         # several optimizers step in one call: keep the earlier ones' parameters for the replay
         self._several = len(self.opts) >= 2
         self.notes: list[str] = []  # gradsan.torch._amp: steps a GradScaler skipped
-        self._amp = _amp.GuardWatch()
+        self._amp = self._watch = _amp.GuardWatch()
         self._dist_notes: list[str] = []  # gradsan.torch._distributed: DDP ranks
         _distributed.attach_in(self.modules)  # gradsan.torch._distributed: check before all-reduce
         self._func_check = GradCheck(_Abort)  # torch.func's gradients, checked when returned
+        self._hook_slot = _compat.optimizer_hook_slot()  # the step check's pre-hook
+        self._busy = False  # a call of this guard is running (a second one gets its own watch)
 
     # -- the guarded step -----------------------------------------------------------------------
     def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -307,18 +320,29 @@ class guard:
             )
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        check = _StepCheck(snapshot=self._several)
+        busy = self._busy  # called again from inside its own step: nothing shared
+        check = _StepCheck(snapshot=self._several, slot=None if busy else self._hook_slot)
         func = self._func_check
         func.failed = None
         taps: list[_replay.Tap] = []
-        args, kwargs = _replay.tap_args(args, kwargs, taps)
+        if args or kwargs:
+            args, kwargs = _replay.tap_args(args, kwargs, taps)
         out = None
-        self._amp = amp = _amp.GuardWatch()  # gradsan.torch._amp: GradScaler steps
-        with check, func, self._bindings.tapped(taps), amp:
-            try:
-                out = self.step(*args, **kwargs)
-            except _Abort:
-                pass
+        # gradsan.torch._amp: GradScaler steps (one watch per guard, its wrappers made once)
+        self._amp = amp = _amp.GuardWatch() if busy else self._watch.reset()
+        bindings = self._bindings
+        self._busy = True
+        try:
+            with check, func, amp:
+                installed = bindings.tap(taps)
+                try:
+                    out = self.step(*args, **kwargs)
+                except _Abort:
+                    pass
+                finally:
+                    bindings.untap(installed)
+        finally:
+            self._busy = busy
         if len(check.stepped) + (check.failed is not None) >= 2:
             self._several = True  # from now on, keep earlier optimizers' parameters
         if check.failed is None and func.failed is None:
@@ -329,10 +353,15 @@ class guard:
             if amp.ignorable():  # gradsan.torch._amp: the GradScaler skipped this step
                 self.notes = amp.notes()
                 return out
+        self._amp = amp  # (a call of this guard inside the step had its own)
         # gradsan.torch._distributed: a DDP rank that only received the NaN raises here
         plan = _distributed.guard_verdict(self.modules, self._watched(args, kwargs))
         self._dist_notes = plan.notes
-        self._replay(args, kwargs, rng, cuda_rng, check, plan)
+        self._busy = True  # the replay runs the step again (and uses this guard's watch)
+        try:
+            self._replay(args, kwargs, rng, cuda_rng, check, plan)
+        finally:
+            self._busy = busy
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _replay(
