@@ -292,11 +292,14 @@ def test_a_guard_called_inside_its_own_step_checks_both():
         finally:
             depth["n"] -= 1
 
+    grad = torch.autograd.grad
     g = gst.guard(step)
     g()
+    assert torch.autograd.grad is grad  # each call put its patch back
     depth["bad"] = True
     with pytest.raises(gradsan.NonFiniteError) as e:
         g()
     assert any(f.primitive == "log" for f in e.value.report.findings), e.value.report
     depth["bad"] = False
     g()
+    assert torch.autograd.grad is grad

@@ -322,7 +322,7 @@ class guard:
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         busy = self._busy  # called again from inside its own step: nothing shared
         check = _StepCheck(snapshot=self._several, slot=None if busy else self._hook_slot)
-        func = self._func_check
+        func = GradCheck(_Abort) if busy else self._func_check
         func.failed = None
         taps: list[_replay.Tap] = []
         if args or kwargs:
