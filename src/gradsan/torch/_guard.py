@@ -346,7 +346,7 @@ class guard:
         if len(check.stepped) + (check.failed is not None) >= 2:
             self._several = True  # from now on, keep earlier optimizers' parameters
         if check.failed is None and func.failed is None:
-            losses = [t for t in _returned_losses(out)]
+            losses = _returned_losses(out)
             grads = [] if check.checked else _grads(self._watched(args, kwargs))
             if finite(grads, losses):
                 return out
@@ -543,6 +543,8 @@ def _looks_like_step(m: torch.nn.Module) -> bool:
 
 
 def _returned_losses(out: Any) -> list[torch.Tensor]:
+    if type(out) is torch.Tensor:  # (the usual step: one loss; no generator)
+        return [out] if out.is_floating_point() and out.numel() <= 1 else []
     return [t for t in tensors_in(out) if t.is_floating_point() and t.numel() <= 1]
 
 
