@@ -15,13 +15,21 @@ Two measures:
    time minus the inner step's, plus the pre-hook's check (which runs inside the step). Medians
    of wall and thread CPU time (time.thread_time) per step, in microseconds. The step size at
    which that cost is 5% of a step is printed: 1.05x holds for steps longer than that.
+
+``--ab OTHER_SRC`` compares two trees of gradsan (before/after a change): measure 2 only, in
+alternating processes (R rounds of one process with ``PYTHONPATH=OTHER_SRC``, then one with
+this process's path), pooled medians and IQR per tree.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -169,6 +177,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--own", type=int, default=None, help="steps for guard's own work")
     ap.add_argument("--only", default="", help="comma list: tiny,mlp4,mlp200,transformer")
+    ap.add_argument("--ab", default="", help="another gradsan src tree: compare own work")
+    ap.add_argument("--rounds", type=int, default=5, help="--ab: processes per tree")
+    ap.add_argument("--own-json", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     ns.blocks = ns.blocks or (10 if ns.quick else 30)
     ns.own = ns.own or (100 if ns.quick else 400)
@@ -184,11 +195,36 @@ def main() -> None:
         ),
     }
     only = [c for c in ns.only.split(",") if c] or list(cases)
+    if ns.own_json:  # one process of --ab
+        model, shape = cases[only[0]][1]()
+        own = own_work(make_step(model, torch.randn(*shape)), ns.own)
+        print(json.dumps(own["cpu_us"]))
+        return
     print(f"torch {torch.__version__}, {ns.threads} thread(s); bar: guarded <= 1.05x plain")
     for key in only:
         label, make = cases[key]
+        if ns.ab:
+            ab(key, label, ns)
+            continue
         model, shape = make()
         bench(label, model, torch.randn(*shape), ns)
+
+
+def ab(key: str, label: str, ns: argparse.Namespace) -> None:
+    """guard's own work (CPU) of two gradsan trees, in alternating processes."""
+    here = os.environ.get("PYTHONPATH", "")
+    got: dict[str, list[float]] = {"other": [], "this": []}
+    for _ in range(ns.rounds):
+        for tree, path in (("other", ns.ab), ("this", here)):
+            env = dict(os.environ, PYTHONPATH=path)
+            cmd = [sys.executable, __file__, "--own-json", "--only", key, "--own", str(ns.own)]
+            cmd += ["--threads", str(ns.threads)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            got[tree] += json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{label}: guard's own work, CPU (thread_time), {ns.rounds} alternating processes each")
+    for tree, path in (("other", ns.ab), ("this", here)):
+        q1, med, q3 = _q(got[tree])
+        print(f"  {tree:5s} ({path}): {med:7.1f} us/step  IQR {q1:.1f}-{q3:.1f}")
 
 
 if __name__ == "__main__":

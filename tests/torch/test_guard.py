@@ -151,14 +151,14 @@ def test_compiled_model_is_replayed_eagerly():
     [None, ("small", 20, float("nan")), ("large", -1, float("inf")), ("half", -1, -float("inf"))],
 )
 def test_the_fused_check_finds_any_nonfinite_element(bad):
-    """guard's one-sum check on CPU (with many gradients the small ones are stacked by shape
-    and dtype; large ones and sparse ones on their own) says non-finite exactly when an
-    element is."""
-    from gradsan.torch._guard import _MANY, finite
+    """guard's one-sum check on CPU (the small gradients flattened together per dtype, large
+    ones and sparse ones summed on their own) says non-finite exactly when an element is."""
+    from gradsan.torch._guard import finite
 
     torch.manual_seed(0)
+    many = 40
     gs = {
-        "small": [torch.randn(4, 4) for _ in range(_MANY + 8)] + [torch.randn(3)],
+        "small": [torch.randn(4, 4) for _ in range(many)] + [torch.randn(3)],
         "large": [torch.randn(300, 300)],
         "half": [torch.randn(8).half() * 1000 for _ in range(3)],  # sums past float16's range
         "f64": [torch.randn(2, 2, dtype=torch.float64)],
@@ -168,6 +168,138 @@ def test_the_fused_check_finds_any_nonfinite_element(bad):
         gs[bad[0]][bad[1]].view(-1)[1] = bad[2]
     flat = [g for v in gs.values() for g in v]
     assert finite(flat) is (bad is None)
-    assert finite(flat[-6:]) is (bad is None or bad[0] == "small")  # few: no stacking
-    big = [torch.full((4,), 3e38) for _ in range(_MANY + 1)]  # the sum overflows, values finite
+    assert finite(flat[-6:]) is (bad is None or bad[0] == "small")  # few
+    big = [torch.full((4,), 3e38) for _ in range(many + 1)]  # the sum overflows, values finite
     assert finite(big)
+    large = [torch.full((5000,), 3e38), torch.full((5000,), -3e38)]  # summed one by one
+    assert finite(large)
+
+
+@pytest.mark.parametrize("at", [0, 5, 9])
+def test_the_fused_check_flattens_in_chunks_and_reads_every_one(monkeypatch, at):
+    """Small CPU gradients are flattened at most _STACK elements at a time: a NaN in the
+    first, a middle or the last chunk is found; complex and mixed dtypes are read too."""
+    from gradsan.torch import _guard
+
+    monkeypatch.setattr(_guard, "_STACK", 40)
+    gs = [torch.randn(3, 5) for _ in range(10)]  # 15 elements: chunks of 2
+    mixed = [torch.randn(3, dtype=torch.complex64), torch.randn(2, dtype=torch.float64)]
+    assert _guard.finite(gs + mixed)
+    gs[at][1, 2] = float("nan")
+    assert not _guard.finite(gs + mixed)
+    gs[at][1, 2] = 0.0
+    mixed[0][1] = complex(0, float("inf"))
+    assert not _guard.finite(gs + mixed)
+
+
+def test_each_step_puts_every_patch_back_and_keeps_the_hook_order():
+    """guard patches on every call (its optimizer pre-hook, torch.func's entry points,
+    torch.autograd.grad, GradScaler's methods, the iterator the step reaches) and puts each
+    back after it. Its pre-hook is added last: a global pre-hook the user registered before
+    the call runs before guard's check (here it zeroes the NaN: the step passes), one
+    registered inside the step runs after it (guard stops the update first)."""
+    from torch._functorch import apis, eager_transforms
+    from torch.optim import optimizer as optim_mod
+
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter([torch.randn(4, 6) for _ in range(6)])
+    poison = {"on": False}
+
+    def step():
+        opt.zero_grad()
+        loss = model(next(batches)).pow(2).mean()
+        loss.backward()
+        if poison["on"]:
+            model[0].weight.grad[0, 0] = float("nan")
+        opt.step()
+        return loss
+
+    before = {
+        "hooks": dict(optim_mod._global_optimizer_pre_hooks),
+        "grad": torch.autograd.grad,
+        "impl": eager_transforms.grad_and_value_impl,
+        "vjp": eager_transforms._vjp_with_argnums,
+        "vmap": apis.vmap_impl,
+        "scale": torch.amp.GradScaler.scale,
+        "update": torch.amp.GradScaler.update,
+    }
+    g = gst.guard(step)
+    order = []
+
+    def clean(o, a, k):
+        order.append("user")
+        model[0].weight.grad.nan_to_num_(0.0)
+
+    sanitize = optim_mod.register_optimizer_step_pre_hook(clean)
+    try:
+        for _ in range(2):
+            poison["on"] = True
+            g()  # the user's hook, registered first, cleaned the gradient
+            assert torch.isfinite(model[0].weight).all()
+            assert type(batches).__name__ == "list_iterator"  # the tap was taken out
+            after = {
+                "hooks": dict(optim_mod._global_optimizer_pre_hooks),
+                "grad": torch.autograd.grad,
+                "impl": eager_transforms.grad_and_value_impl,
+                "vjp": eager_transforms._vjp_with_argnums,
+                "vmap": apis.vmap_impl,
+                "scale": torch.amp.GradScaler.scale,
+                "update": torch.amp.GradScaler.update,
+            }
+            assert after["hooks"].keys() == before["hooks"].keys() | {sanitize.id}
+            assert all(after[k] is before[k] for k in before if k != "hooks")
+        assert order == ["user", "user"]
+    finally:
+        sanitize.remove()
+
+    late = []
+    from torch.optim import optimizer as optim_mod
+
+    def step_with_late_hook():
+        h = optim_mod.register_optimizer_step_pre_hook(lambda o, a, k: late.append(1))
+        try:
+            return step()
+        finally:
+            h.remove()
+
+    w = model[0].weight.detach().clone()
+    with pytest.raises(gradsan.NonFiniteError):
+        gst.guard(step_with_late_hook)()
+    assert late == [] and torch.equal(model[0].weight, w)  # guard's check stopped it first
+    assert dict(optim_mod._global_optimizer_pre_hooks).keys() == before["hooks"].keys()
+
+
+def test_a_guard_called_inside_its_own_step_checks_both():
+    """A step that calls the same guard again (nested): each call is checked, the inner
+    one's NaN raises with its origin, and the outer call is clean afterwards."""
+    model = make()
+    x = torch.randn(4, 6)
+    depth = {"n": 0, "bad": False}
+
+    def step():
+        depth["n"] += 1
+        try:
+            model.zero_grad()
+            h = model(x)
+            if depth["bad"] and depth["n"] == 2:
+                h = h * torch.log(-torch.ones(()))  # NaN at the inner call
+            loss = h.pow(2).mean()
+            loss.backward()
+            if depth["n"] == 1:
+                g()  # the same guard, inside its own step
+            return loss
+        finally:
+            depth["n"] -= 1
+
+    grad = torch.autograd.grad
+    g = gst.guard(step)
+    g()
+    assert torch.autograd.grad is grad  # each call put its patch back
+    depth["bad"] = True
+    with pytest.raises(gradsan.NonFiniteError) as e:
+        g()
+    assert any(f.primitive == "log" for f in e.value.report.findings), e.value.report
+    depth["bad"] = False
+    g()
+    assert torch.autograd.grad is grad

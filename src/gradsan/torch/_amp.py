@@ -113,7 +113,8 @@ class Watch:
         self.scalers: list[Any] = []
         self.skipped = False  # a step this watch saw was skipped by its scaler
         self.collapse: tuple[Any, Stats] | None = None
-        self._undo: list[Callable[[], None]] = []
+        self._undo: list[tuple[str, Any]] = []  # (method name, the original to put back)
+        self._built: tuple[tuple, list] | None = None  # (the originals, their wrappers)
         self.enabled = True
 
     # -- patching ------------------------------------------------------------------------------
@@ -121,6 +122,21 @@ class Watch:
         """Patch GradScaler; ``setter(obj, attr, value)`` records the undo itself (gradsan
         run's Hooks.set), else ``unpatch`` undoes it."""
         orig_scale, orig_step, orig_update = _Scaler.scale, _Scaler.step, _Scaler.update
+        built = self._built
+        if (
+            setter is None
+            and built is not None
+            and built[0]
+            == (
+                orig_scale,
+                orig_step,
+                orig_update,
+            )
+        ):  # guard patches on every step: the wrappers of these originals, made once
+            for name, fn, orig in built[1]:
+                setattr(_Scaler, name, fn)
+                self._undo.append((name, orig))
+            return self
         watch = self
 
         def scale(scaler: Any, outputs: Any) -> Any:
@@ -161,12 +177,15 @@ class Watch:
                 setter(_Scaler, name, fn)
             else:
                 setattr(_Scaler, name, fn)
-                self._undo.append(functools_partial_setattr(_Scaler, name, orig))
+                self._undo.append((name, orig))
+        if setter is None:
+            self._built = ((orig_scale, orig_step, orig_update), pairs)
         return self
 
     def unpatch(self) -> None:
         while self._undo:
-            self._undo.pop()()
+            name, orig = self._undo.pop()
+            setattr(_Scaler, name, orig)
 
     def __enter__(self) -> Watch:
         return self.patch()
@@ -270,10 +289,6 @@ def scaled_note(scaler: Any) -> str:
     return text
 
 
-def functools_partial_setattr(obj: Any, name: str, value: Any) -> Callable[[], None]:
-    return lambda: setattr(obj, name, value)
-
-
 # ---- guard ---------------------------------------------------------------------------------------
 
 
@@ -307,6 +322,18 @@ class GuardWatch(Watch):
         super().__init__()
         self.before: dict[int, tuple] = {}
         self.replay = False
+
+    def reset(self) -> GuardWatch:
+        """Ready for the next step (guard keeps one watch, and its wrappers, per guard)."""
+        if self.scalers or self.scaled or self.before or self.skipped or self.collapse:
+            self.scaled = {}
+            self.scalers = []
+            self.before = {}
+            self.skipped = False
+            self.collapse = None
+        self.enabled = True
+        self.replay = False
+        return self
 
     def _mark(self, scaler: Any, out: Any) -> None:
         if id(scaler) not in self.before and not self.replay:

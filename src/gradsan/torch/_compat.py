@@ -24,10 +24,12 @@ __all__ = [
     "current_autograd_node",
     "disable_torch_function",
     "dynamo_loaded",
+    "flatten_dense",
     "force_eager",
     "foreach_norm",
     "functorch_entry_points",
     "in_functorch",
+    "optimizer_hook_slot",
     "recompute_in_backward",
     "without_function_mode",
 ]
@@ -37,6 +39,9 @@ current_autograd_node = torch._C._current_autograd_node
 
 # One fused kernel for the norms of many tensors (what clip_grad_norm_ uses).
 foreach_norm = torch._foreach_norm
+
+# One flat copy of many dense tensors (what DDP's buckets use): one dispatch for all of them.
+flatten_dense = torch._C._nn.flatten_dense_tensors
 
 # Runs a block with the torch-function layer off (no mode sees the calls inside).
 disable_torch_function = torch._C.DisableTorchFunction
@@ -72,6 +77,19 @@ def force_eager() -> Iterator[None]:
         return
     with set_stance("force_eager"):
         yield
+
+
+def optimizer_hook_slot() -> tuple[dict, int] | None:
+    """torch's dict of global optimizer step pre-hooks and a key reserved in it (from torch's
+    hook counter, as ``register_optimizer_step_pre_hook`` takes one): guard adds and removes
+    its hook there on every step without making a handle. None where torch moved it."""
+    from torch.optim import optimizer
+    from torch.utils.hooks import RemovableHandle
+
+    hooks = getattr(optimizer, "_global_optimizer_pre_hooks", None)
+    if not isinstance(hooks, dict):  # pragma: no cover - another torch
+        return None
+    return hooks, RemovableHandle(hooks).id
 
 
 @functools.cache

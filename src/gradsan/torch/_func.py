@@ -56,17 +56,22 @@ class _Patches:
         self.depth = 0
         self._undo: list[tuple[Any, str, Any]] = []
         self._built: dict[str, tuple[Any, Any]] = {}  # name -> (original, its wrapper)
+        self._plan: list[tuple[Any, str, str, Callable[[Any], Any]]] | None = None
 
     def wrappers(self) -> dict[str, Callable[[Any], Any]]:
         raise NotImplementedError
 
     def __enter__(self) -> _Patches:
-        wrap = self.wrappers()
-        for name, (mod, attr) in _compat.functorch_entry_points().items():
-            if name in wrap:
-                orig = getattr(mod, attr)
-                self._undo.append((mod, attr, orig))
-                setattr(mod, attr, self._wrapped(name, orig, wrap[name]))
+        plan = self._plan  # (module, attribute, name, wrapper maker): made once
+        if plan is None:
+            wrap = self.wrappers()
+            points = _compat.functorch_entry_points().items()
+            plan = self._plan = [(m, a, n, wrap[n]) for n, (m, a) in points if n in wrap]
+        undo = self._undo
+        for mod, attr, name, make in plan:
+            orig = getattr(mod, attr)
+            undo.append((mod, attr, orig))
+            setattr(mod, attr, self._wrapped(name, orig, make))
         return self
 
     def _wrapped(self, name: str, orig: Any, make: Callable[[Any], Any]) -> Any:

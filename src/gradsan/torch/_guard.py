@@ -30,62 +30,81 @@ def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [g for p in params if (g := p.grad) is not None and g.is_floating_point()]
 
 
-# CPU, many gradients (more than _MANY): those of at most _SMALL elements are summed stacked
-# with the others of their shape and dtype (one dispatch per group instead of one per tensor;
-# a copy of a small tensor costs less than a kernel launch), at most _STACK elements at a time
-_MANY = 32
+# On CPU a reduction is one kernel per tensor (``torch._foreach_norm`` too loops over them),
+# so the cost of the check on few or small gradients is the dispatch: CPU gradients of at
+# most _SMALL elements are flattened together per dtype (one copy, one sum, at most _STACK
+# elements at a time; a copy of a small tensor costs less than a kernel launch), the larger
+# ones are summed one by one (a sum is cheaper than a norm), and each partial sum is read
+# without stacking them (``.item()`` on CPU is no sync). On other devices one fused
+# ``_foreach_norm`` per device and dtype and one sync per device.
 _SMALL = 4096
 _STACK = 1 << 20
 _strided = torch.strided
+_HALF = (torch.float16, torch.bfloat16)
 
 
-def _sums(grads: list[torch.Tensor]) -> dict[Any, tuple[set, list[torch.Tensor]]]:
-    """Per device: the dtypes and the 0-d tensors, one per group of ``grads``, each
-    non-finite if an element of its group is (or if it overflowed)."""
-    out: dict[Any, tuple[set, list[torch.Tensor]]] = {}
-    same: dict[Any, list[torch.Tensor]] = {}
+def _sums(
+    grads: list[torch.Tensor],
+) -> tuple[list[torch.Tensor], dict[Any, tuple[set, list[torch.Tensor]]]]:
+    """The 0-d CPU partial sums, and per other device the dtypes and the 0-d tensors, one
+    per group of ``grads``: each non-finite if an element of its group is (or if it
+    overflowed)."""
+    cpu: list[torch.Tensor] = []
+    small: dict[Any, list[torch.Tensor]] = {}
     rest: dict[Any, list[torch.Tensor]] = {}
-    many = len(grads) > _MANY
     for g in grads:
         if g.layout != _strided:  # a sparse gradient (nn.Embedding(sparse=True)): its values
             g = _values(g)
-        if many and type(g) is torch.Tensor and g.is_cpu and g.numel() <= _SMALL:
-            same.setdefault((g.dtype, g.shape), []).append(g)
+        if type(g) is torch.Tensor and g.is_cpu:
+            if g.numel() <= _SMALL:
+                small.setdefault(g.dtype, []).append(g)
+            else:
+                cpu.append(g.sum(dtype=torch.float32) if g.dtype in _HALF else g.sum())
         else:
             rest.setdefault((g.device, g.dtype), []).append(g)
-    for (dt, shape), group in same.items():
-        if len(group) == 1:  # alone of its shape: with the others in one _foreach_norm
-            rest.setdefault((group[0].device, dt), []).append(group[0])
+    for dt, group in small.items():
+        acc = torch.float32 if dt in _HALF else None
+        if len(group) == 1:
+            cpu.append(group[0].sum(dtype=acc))
             continue
-        acc = torch.float32 if dt in (torch.float16, torch.bfloat16) else None
-        dts, ts = out.setdefault(group[0].device, (set(), []))
-        dts.add(acc or dt)
-        n = max(1, _STACK // max(1, math.prod(shape)))
-        for i in range(0, len(group), n):
-            chunk = group[i : i + n]
-            ts.append((chunk[0] if len(chunk) == 1 else torch.stack(chunk)).sum(dtype=acc))
+        chunk: list[torch.Tensor] = []
+        n = 0
+        for g in group:
+            k = g.numel()
+            if chunk and n + k > _STACK:
+                cpu.append(_compat.flatten_dense(chunk).sum(dtype=acc))
+                chunk, n = [], 0
+            chunk.append(g)
+            n += k
+        cpu.append(_compat.flatten_dense(chunk).sum(dtype=acc))
+    out: dict[Any, tuple[set, list[torch.Tensor]]] = {}
     for (dev, dt), gs in rest.items():  # one fused kernel (on CPU it loops over the tensors)
         dts, ts = out.setdefault(dev, (set(), []))
         dts.add(dt)
         ts += _compat.foreach_norm(gs)
-    return out
+    return cpu, out
 
 
 def finite(grads: list[torch.Tensor], extra: list[torch.Tensor] = ()) -> bool:  # type: ignore[assignment]
-    """The fast path: one reduction over all the gradients (and the loss), one sync per
-    device.
-
-    A fused ``torch._foreach_norm`` per device and dtype; on CPU it runs one kernel per
-    tensor (about 2 ms for the 401 gradients of a 200-layer MLP, width 64), so when there are
-    many, the small CPU ones are stacked by shape and dtype and summed a group at a time."""
+    """The fast path: a reduction over all the gradients (and the loss), one sync per
+    device (see _sums: on CPU, small gradients flattened together, larger ones summed one by
+    one); when a sum is non-finite, an exact check confirms it (a sum of large finite values
+    can overflow)."""
     ok = True
-    for dts, ts in (_sums(grads) if grads else {}).values():
-        if len(dts) > 1:
-            ts = [t.to(torch.complex128 if t.is_complex() else torch.float64) for t in ts]
-        total = ts[0] if len(ts) == 1 else torch.stack(ts).sum()
-        if not _finite_number(total.item()):
-            ok = False
-            break
+    if grads:
+        cpu, other = _sums(grads)
+        for t in cpu:
+            if not _finite_number(t.item()):
+                ok = False
+                break
+        if ok:
+            for dts, ts in other.values():
+                if len(dts) > 1:
+                    ts = [t.to(torch.complex128 if t.is_complex() else torch.float64) for t in ts]
+                total = ts[0] if len(ts) == 1 else torch.stack(ts).sum()
+                if not _finite_number(total.item()):
+                    ok = False
+                    break
     if ok:
         for e in extra:
             if e.numel() == 1:
@@ -150,21 +169,32 @@ class _StepCheck:
     keep each passing optimizer's parameters before its update (a step with several
     optimizers: the replay undoes the earlier ones' updates)."""
 
-    def __init__(self, replaying: bool = False, snapshot: bool = False) -> None:
+    def __init__(self, replaying: bool = False, snapshot: bool = False, slot: Any = None) -> None:
         self.replaying = replaying
         self.snapshot = snapshot
         self.failed: Any = None
         self.checked = False
         self.handle: Any = None
+        self.slot = slot  # (torch's dict of global pre-hooks, a key reserved in it) or None
         self.stepped: list[Any] = []  # optimizers whose update went through in this step
         self.before: list[tuple[torch.Tensor, torch.Tensor]] = []  # (param, value before)
 
     def __enter__(self) -> _StepCheck:
-        self.handle = register_optimizer_step_pre_hook(self._hook)
+        slot = self.slot
+        if slot is not None and slot[1] not in slot[0]:
+            # what register_optimizer_step_pre_hook does (the hook added last), without
+            # making a handle on every step
+            slot[0][slot[1]] = self._hook
+        else:
+            self.slot = None
+            self.handle = register_optimizer_step_pre_hook(self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.handle.remove()
+        if self.slot is not None:
+            self.slot[0].pop(self.slot[1], None)
+        else:
+            self.handle.remove()
 
     def _hook(self, opt: Any, args: Any, kwargs: Any) -> None:
         self.checked = True
@@ -256,10 +286,12 @@ class guard:
         # several optimizers step in one call: keep the earlier ones' parameters for the replay
         self._several = len(self.opts) >= 2
         self.notes: list[str] = []  # gradsan.torch._amp: steps a GradScaler skipped
-        self._amp = _amp.GuardWatch()
+        self._amp = self._watch = _amp.GuardWatch()
         self._dist_notes: list[str] = []  # gradsan.torch._distributed: DDP ranks
         _distributed.attach_in(self.modules)  # gradsan.torch._distributed: check before all-reduce
         self._func_check = GradCheck(_Abort)  # torch.func's gradients, checked when returned
+        self._hook_slot = _compat.optimizer_hook_slot()  # the step check's pre-hook
+        self._busy = False  # a call of this guard is running (a second one gets its own watch)
 
     # -- the guarded step -----------------------------------------------------------------------
     def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -288,32 +320,48 @@ class guard:
             )
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        check = _StepCheck(snapshot=self._several)
-        func = self._func_check
+        busy = self._busy  # called again from inside its own step: nothing shared
+        check = _StepCheck(snapshot=self._several, slot=None if busy else self._hook_slot)
+        func = GradCheck(_Abort) if busy else self._func_check
         func.failed = None
         taps: list[_replay.Tap] = []
-        args, kwargs = _replay.tap_args(args, kwargs, taps)
+        if args or kwargs:
+            args, kwargs = _replay.tap_args(args, kwargs, taps)
         out = None
-        self._amp = amp = _amp.GuardWatch()  # gradsan.torch._amp: GradScaler steps
-        with check, func, self._bindings.tapped(taps), amp:
-            try:
-                out = self.step(*args, **kwargs)
-            except _Abort:
-                pass
+        # gradsan.torch._amp: GradScaler steps (one watch per guard, its wrappers made once)
+        self._amp = amp = _amp.GuardWatch() if busy else self._watch.reset()
+        bindings = self._bindings
+        self._busy = True
+        try:
+            with check, func, amp:
+                installed = bindings.tap(taps)
+                try:
+                    out = self.step(*args, **kwargs)
+                except _Abort:
+                    pass
+                finally:
+                    bindings.untap(installed)
+        finally:
+            self._busy = busy
         if len(check.stepped) + (check.failed is not None) >= 2:
             self._several = True  # from now on, keep earlier optimizers' parameters
         if check.failed is None and func.failed is None:
-            losses = [t for t in _returned_losses(out)]
+            losses = _returned_losses(out)
             grads = [] if check.checked else _grads(self._watched(args, kwargs))
             if finite(grads, losses):
                 return out
             if amp.ignorable():  # gradsan.torch._amp: the GradScaler skipped this step
                 self.notes = amp.notes()
                 return out
+        self._amp = amp  # (a call of this guard inside the step had its own)
         # gradsan.torch._distributed: a DDP rank that only received the NaN raises here
         plan = _distributed.guard_verdict(self.modules, self._watched(args, kwargs))
         self._dist_notes = plan.notes
-        self._replay(args, kwargs, rng, cuda_rng, check, plan)
+        self._busy = True  # the replay runs the step again (and uses this guard's watch)
+        try:
+            self._replay(args, kwargs, rng, cuda_rng, check, plan)
+        finally:
+            self._busy = busy
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _replay(
@@ -495,6 +543,8 @@ def _looks_like_step(m: torch.nn.Module) -> bool:
 
 
 def _returned_losses(out: Any) -> list[torch.Tensor]:
+    if type(out) is torch.Tensor:  # (the usual step: one loss; no generator)
+        return [out] if out.is_floating_point() and out.numel() <= 1 else []
     return [t for t in tensors_in(out) if t.is_floating_point() and t.numel() <= 1]
 
 

@@ -109,18 +109,36 @@ class Bindings:
     def tapped(self, taps: list[Tap]) -> Iterator[None]:
         """Put a Tap in place of each iterator the step reaches, for the block (appended to
         ``taps``)."""
-        installed: list[tuple[Any, str, Tap]] = []
-        for place, key, name in self.places:
-            v = self._get(place, key)
-            if _is_iterator(v):
-                tap = Tap(v, name)
-                self._set(place, key, tap)
-                installed.append((place, key, tap))
-        taps += [t for _, _, t in installed]
-        self.last = installed
+        installed = self.tap(taps)
         try:
             yield
         finally:
+            self.untap(installed)
+
+    def tap(self, taps: list[Tap]) -> list[tuple[Any, str, Tap]]:
+        """Put a Tap in place of each iterator the step reaches (appended to ``taps``); what
+        ``untap`` takes back out. (guard, on every step: no allocation when there is none.)"""
+        installed: list[tuple[Any, str, Tap]] = _NONE
+        for place, key, name in self.places:
+            if key == "":
+                try:
+                    v = place.cell_contents
+                except ValueError:
+                    continue
+            else:
+                v = place.get(key)
+            if hasattr(type(v), "__next__") and _is_iterator(v):
+                tap = Tap(v, name)
+                self._set(place, key, tap)
+                if installed is _NONE:
+                    installed = []
+                installed.append((place, key, tap))
+                taps.append(tap)
+        self.last = installed
+        return installed
+
+    def untap(self, installed: list[tuple[Any, str, Tap]]) -> None:
+        if installed:
             self._undo(installed)
 
     @contextlib.contextmanager
@@ -141,6 +159,9 @@ class Bindings:
                 self._set(place, key, tap.it)
 
     last: list[tuple[Any, str, Tap]] = []
+
+
+_NONE: list[Any] = []  # (never appended to: a step that reached no iterator)
 
 
 def tap_args(args: tuple, kwargs: dict, taps: list[Tap]) -> tuple[tuple, dict]:
