@@ -122,6 +122,17 @@ def test_forwarding_reads_nested_jits_and_conds():
     assert got[2] is None  # computed
 
 
+def test_forwarding_reads_loop_carries():
+    def f(x, s):
+        x2, s2 = jax.lax.while_loop(lambda c: c[0] < 3.0, lambda c: (c[0] + 1.0, c[1]), (x, s))
+        (x3, s3), _ = jax.lax.scan(lambda c, _: ((c[0] * 2.0, c[1]), None), (x, s), None, 2)
+        return x2, s2, x3, s3
+
+    got = forwarding(jax.make_jaxpr(f)(1.0, 2.0))
+    assert got == [None, (True, frozenset([1])), None, (True, frozenset([1]))]
+    _settled(gradsan.jax.guard(jax.jit(f)), jnp.ones(()), jnp.array(jnp.inf))
+
+
 @pytest.fixture
 def hooks():
     got: list = []

@@ -8,6 +8,7 @@ the step's jaxpr:
 
 - an outvar that is an invar (also through ``jit`` / ``closed_call`` / ``remat`` / custom
   derivative calls, inlined) is always forwarded: left out of the flag, at no cost;
+- a ``while_loop`` / ``scan`` carry its body returns as it came is the loop's input;
 - an outvar of a ``lax.cond`` some branch of which returns an input unchanged may be
   forwarded: when it is not finite, it counts as forwarded when it equals that input (NaN
   where the input has NaN), checked only then (inside a ``lax.cond`` of the flag).
@@ -72,9 +73,29 @@ def forwarding(jaxpr: Any, ins: list[Src] | None = None) -> list[Src]:
             operands = [read(v) for v in eqn.invars[1:]]
             per_branch = [forwarding(b, operands) for b in eqn.params["branches"]]
             outs = [_join([b[j] for b in per_branch]) for j in range(len(eqn.outvars))]
+        elif name in ("while", "scan"):
+            outs = _loop(eqn, read)
         for v, s in zip(eqn.outvars, outs):
             env[v] = s
     return [read(v) for v in jaxpr.outvars]
+
+
+def _loop(eqn: Any, read: Any) -> list[Src]:
+    """A ``while`` / ``scan`` carry its body returns as it came: the loop's input, unchanged
+    after any number of iterations (anything else the loop returns is computed)."""
+    p = eqn.params
+    if eqn.primitive.name == "while":
+        body, consts = p["body_jaxpr"], p["body_nconsts"]
+        first, n = p["cond_nconsts"] + consts, len(eqn.outvars)
+    else:
+        body, consts, n = p["jaxpr"], p["num_consts"], p["num_carry"]
+        first = consts
+    got = forwarding(body)
+    outs: list[Src] = [None] * len(eqn.outvars)
+    for j in range(n):
+        if got[j] == (True, frozenset([consts + j])):
+            outs[j] = read(eqn.invars[first + j])
+    return outs
 
 
 def _join(branches: list[Src]) -> Src:
