@@ -11,7 +11,9 @@ the step's jaxpr:
 - a ``while_loop`` / ``scan`` carry its body returns as it came is the loop's input;
 - an outvar of a ``lax.cond`` some branch of which returns an input unchanged may be
   forwarded: when it is not finite, it counts as forwarded when it equals that input (NaN
-  where the input has NaN), checked only then (inside a ``lax.cond`` of the flag).
+  where the input has NaN), checked only then (inside a ``lax.cond`` of the flag). The taken
+  branch is not read (its index is inside the step's program), so a branch that computes
+  exactly the input's value, every element, counts as passing it through.
 
 Anything an equation computes is the call's, even a copy (``x + 0``, ``x * 1``, ``jnp.copy``:
 XLA may forward those buffers, the program does not), so a NaN gradient computed from NaN data
