@@ -28,11 +28,10 @@ from ._call import check_callable
 from ._explain import diagnose
 from ._flags import (
     FUSE_LIMIT,
-    finite_flag,
     float_leaves,
-    host_flag,
     nonfinite_leaves,
 )
+from ._forward import computed_flag, host_computed_flag
 
 _INSIDE = (
     "gradsan.jax.guard was called inside a JAX transformation (jit, vmap, grad, scan ...) or "
@@ -111,7 +110,7 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
         # program, so the step is traced once (a 1000-layer network: seconds), and XLA inlines
         # it; a nested jit's donation is ignored (jax donates only at the outermost call)
         out = fun(*args, **kwargs)
-        return out, finite_flag(out)
+        return out, computed_flag(fun, args, kwargs, out)  # outputs passed through: left out
 
     try:
         fused = jax.jit(functools.wraps(inner)(with_flag), **opts)
@@ -282,7 +281,7 @@ class Checker:
             out = self.fun(*args, **kwargs)
             if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(out)):
                 raise UsageError(_INSIDE)
-            return out, host_flag(out), None
+            return out, host_computed_flag(self.fun, args, kwargs, out), None
         compiled = state["compiled"]
         if compiled is not None and not state["use_jit"]:
             try:
@@ -299,10 +298,10 @@ class Checker:
         if state["thread"] is None and len(float_leaves(out)) > FUSE_LIMIT:
             state["sized"] = True  # too many outputs to fuse the flag: the step as it is
             self.fused = None
-            return out, host_flag(out), None
+            return out, host_computed_flag(self.fun, args, kwargs, out), None
         if state["thread"] is None:
             self._compile_in_background(_abstract(args), _abstract(kwargs))
-        return out, host_flag(out), None
+        return out, host_computed_flag(self.fun, args, kwargs, out), None
 
     def donation_note(self) -> str | None:
         """One line saying what happened to ``fun``'s buffer donation under this checker."""

@@ -1,0 +1,216 @@
+"""Outputs a jitted call returns unchanged from its inputs: not that call's findings.
+
+A value that enters a step in its arguments and leaves it unchanged (optax's L-BFGS line
+search keeps ``value=inf`` in its state until the first update; a ``lax.cond`` whose taken
+branch returns the state as it came) was not computed by the call, so its NaN/Inf is not the
+call's to report: the inputs are not the call's to check. Which outputs those are is read from
+the step's jaxpr:
+
+- an outvar that is an invar (also through ``jit`` / ``closed_call`` / ``remat`` / custom
+  derivative calls, inlined) is always forwarded: left out of the flag, at no cost;
+- a ``while_loop`` / ``scan`` carry its body returns as it came is the loop's input;
+- an outvar of a ``lax.cond`` some branch of which returns an input unchanged may be
+  forwarded: when it is not finite, it counts as forwarded when it equals that input (NaN
+  where the input has NaN), checked only then (inside a ``lax.cond`` of the flag). The taken
+  branch is not read (its index is inside the step's program), so a branch that computes
+  exactly the input's value, every element, counts as passing it through.
+
+Anything an equation computes is the call's, even a copy (``x + 0``, ``x * 1``, ``jnp.copy``:
+XLA may forward those buffers, the program does not), so a NaN gradient computed from NaN data
+is still found (a gradient is never a forwarded input).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+
+from ._flags import _inexact, finite_flag, float_leaves, host_flag
+
+# equations that call one jaxpr with their operands as its inputs, one to one
+_CALLS = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+}
+
+# per var: None (computed) or (always, sources): the input positions it may be returned
+# unchanged from; always=True when it is that one input on every path
+Src = tuple[bool, frozenset] | None
+
+
+def _open(j: Any) -> Any:
+    return getattr(j, "jaxpr", j)
+
+
+def forwarding(jaxpr: Any, ins: list[Src] | None = None) -> list[Src]:
+    """For each outvar of ``jaxpr`` (a Jaxpr or ClosedJaxpr): where it comes from unchanged."""
+    jaxpr = _open(jaxpr)
+    env: dict[Any, Src] = {}
+    for k, v in enumerate(jaxpr.invars):
+        env[v] = (True, frozenset([k])) if ins is None else ins[k]
+
+    def read(v: Any) -> Src:
+        return None if isinstance(v, jcore.Literal) else env.get(v)
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        outs: list[Src] = [None] * len(eqn.outvars)
+        param = _CALLS.get(name)
+        inner = eqn.params.get(param) if param else None
+        if inner is not None and len(_open(inner).invars) == len(eqn.invars):
+            got = forwarding(inner, [read(v) for v in eqn.invars])
+            if len(got) == len(eqn.outvars):
+                outs = got
+        elif name == "cond":
+            operands = [read(v) for v in eqn.invars[1:]]
+            per_branch = [forwarding(b, operands) for b in eqn.params["branches"]]
+            outs = [_join([b[j] for b in per_branch]) for j in range(len(eqn.outvars))]
+        elif name in ("while", "scan"):
+            outs = _loop(eqn, read)
+        for v, s in zip(eqn.outvars, outs):
+            env[v] = s
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _loop(eqn: Any, read: Any) -> list[Src]:
+    """A ``while`` / ``scan`` carry its body returns as it came: the loop's input, unchanged
+    after any number of iterations (anything else the loop returns is computed)."""
+    p = eqn.params
+    if eqn.primitive.name == "while":
+        body, consts = p["body_jaxpr"], p["body_nconsts"]
+        first, n = p["cond_nconsts"] + consts, len(eqn.outvars)
+    else:
+        body, consts, n = p["jaxpr"], p["num_consts"], p["num_carry"]
+        first = consts
+    got = forwarding(body)
+    outs: list[Src] = [None] * len(eqn.outvars)
+    for j in range(n):
+        if got[j] == (True, frozenset([consts + j])):
+            outs[j] = read(eqn.invars[first + j])
+    return outs
+
+
+def _join(branches: list[Src]) -> Src:
+    got = [b for b in branches if b is not None]
+    if not got:
+        return None
+    srcs = frozenset().union(*(b[1] for b in got))
+    always = len(got) == len(branches) and all(b[0] for b in got) and len(srcs) == 1
+    return (always, srcs)
+
+
+def _dynamic(fun: Any, args: tuple, kwargs: dict) -> list | None:
+    """The leaves of ``fun``'s non-static arguments, in its jaxpr's invar order."""
+    info = getattr(fun, "_jit_info", None)
+    if info is None:
+        return None
+    nums = {n % len(args) for n in info.static_argnums if -len(args) <= n < len(args)}
+    names = set(info.static_argnames)
+    dyn = tuple(a for i, a in enumerate(args) if i not in nums)
+    kw = {k: v for k, v in kwargs.items() if k not in names}
+    return jax.tree_util.tree_leaves((dyn, kw))
+
+
+def _sources(fun: Any, args: tuple, kwargs: dict, out: Any) -> tuple[list, list, list] | None:
+    """(output leaves, their sources, input leaves), or None when they cannot be matched."""
+    try:
+        jaxpr = fun.trace(*args, **kwargs).jaxpr
+    except Exception:
+        return None
+    ins = _dynamic(fun, args, kwargs)
+    outs = jax.tree_util.tree_leaves(out)
+    if ins is None or len(ins) != len(jaxpr.jaxpr.invars):
+        return None
+    try:
+        srcs = forwarding(jaxpr)
+    except Exception:  # pragma: no cover - an equation of a shape not foreseen: flag it all
+        return None
+    if len(srcs) != len(outs):
+        return None
+    return outs, srcs, ins
+
+
+def _same(x: Any, y: Any) -> Any:
+    return jnp.all((x == y) | (jnp.isnan(x) & jnp.isnan(y)))
+
+
+def computed_flag(fun: Any, args: tuple, kwargs: dict, out: Any) -> jax.Array:
+    """:func:`finite_flag` of the outputs ``fun`` computed (traced into the fused program):
+    an output always returned unchanged from an input is left out; one that may be (a
+    ``lax.cond`` branch) counts when it is not finite and differs from that input."""
+    found = _sources(fun, args, kwargs, out)
+    if found is None:
+        return finite_flag(out)
+    outs, srcs, ins = found
+    computed, maybe = [], []
+    for x, s in zip(outs, srcs):
+        if not _inexact(x) or (s is not None and s[0]):
+            continue
+        cands = [] if s is None else [ins[k] for k in sorted(s[1]) if _like(ins[k], x)]
+        if cands:
+            maybe.append((x, cands))
+        else:
+            computed.append(x)
+    flag = finite_flag(computed)
+    if not maybe:
+        return flag
+    mx = [x for x, _ in maybe]
+
+    def check(pairs: list) -> jax.Array:
+        ok = jnp.array(True)
+        for x, cands in pairs:
+            same = jnp.array(False)
+            for c in cands:
+                same = same | _same(x, c)
+            ok = ok & (jnp.all(jnp.isfinite(x)) | same)
+        return ok
+
+    later = jax.lax.cond(finite_flag(mx), lambda p: jnp.array(True), check, maybe)
+    return flag & later
+
+
+def _like(a: Any, x: Any) -> bool:
+    return getattr(a, "shape", None) == x.shape and getattr(a, "dtype", None) == x.dtype
+
+
+def host_computed_flag(fun: Any, args: tuple, kwargs: dict, out: Any) -> bool:
+    """:func:`computed_flag` on the host, for outputs already computed: :func:`host_flag`,
+    and when that fails, whether every non-finite output was returned unchanged from an
+    input (only then is the step's trace read; jax caches it)."""
+    if host_flag(out):
+        return True
+    found = _sources(fun, args, kwargs, out)
+    if found is None:
+        return False
+    for x, s in zip(*found[:2]):
+        if not _inexact(x) or bool(np.isfinite(np.asarray(x)).all()):
+            continue
+        if s is None:
+            return False
+        if s[0]:
+            continue
+        a = np.asarray(x)
+        if not any(_like(found[2][k], x) and _host_same(found[2][k], a) for k in s[1]):
+            return False
+    return True
+
+
+def _host_same(y: Any, a: np.ndarray) -> bool:
+    try:
+        b = np.asarray(y)
+    except Exception:  # a donated (deleted) input
+        return False
+    return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+
+
+__all__ = ["computed_flag", "float_leaves", "forwarding", "host_computed_flag"]
