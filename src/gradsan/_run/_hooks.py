@@ -198,7 +198,7 @@ def run_script(script: str, argv: list[str], hooks: Hooks) -> tuple[int, Failure
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     hooks.install()
-    hooks.defer_flags = True  # type: ignore[attr-defined]  # jax flags read one call late
+    hooks.defer_flags = True  # type: ignore[attr-defined]  # jax flags: at once if ready, else one call late
     code = 0
     failure = None
     try:
