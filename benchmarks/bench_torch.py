@@ -21,10 +21,10 @@ import gradsan
 import gradsan.torch as gst
 
 
-def mlp(width: int = 512, depth: int = 4) -> torch.nn.Module:
+def mlp(width: int = 512, depth: int = 4, act: type = torch.nn.GELU) -> torch.nn.Module:
     layers: list[torch.nn.Module] = []
     for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+        layers += [torch.nn.Linear(width, width), act()]
     layers.append(torch.nn.Linear(width, 1))
     return torch.nn.Sequential(*layers)
 

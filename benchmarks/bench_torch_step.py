@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -39,22 +38,16 @@ import torch
 import gradsan.torch as gst
 from gradsan.torch import _guard
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_torch as _models  # noqa: E402  (its model builders: one definition)
+
 
 def mlp(width: int, depth: int) -> torch.nn.Module:
-    layers: list[torch.nn.Module] = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
-    layers.append(torch.nn.Linear(width, 1))
-    return torch.nn.Sequential(*layers)
+    return _models.mlp(width, depth, torch.nn.Tanh)
 
 
 def transformer(d_model: int = 128) -> torch.nn.Module:
-    layer = torch.nn.TransformerEncoderLayer(
-        d_model, nhead=4, dim_feedforward=4 * d_model, batch_first=True, dropout=0.0
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    return _models.transformer(d_model)
 
 
 def make_step(model: torch.nn.Module, x: torch.Tensor) -> Callable[[], torch.Tensor]:

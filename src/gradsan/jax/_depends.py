@@ -526,6 +526,22 @@ def custom_delta(eqn: Any, invals: list, tans: list[np.ndarray]) -> list | None:
     return out
 
 
+def _of_directed(closed: Any, flat_args: list, fi: list[int]) -> tuple[Callable[..., Any], list]:
+    """The user's function of the arguments at ``fi`` (the others held at ``flat_args``): its
+    float outputs raveled into one float32 vector; and the arguments as arrays."""
+    base = [jnp.asarray(a) for a in flat_args]
+
+    def f(*xs: Any) -> Any:
+        full = list(base)
+        for i, x in zip(fi, xs):
+            full[i] = x
+        outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *full)
+        flat = [jnp.ravel(o).astype(jnp.float32) for o in outs if is_float(o)]
+        return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
+
+    return f, base
+
+
 def stepped(
     closed: Any, flat_args: list, dirs: list[list]
 ) -> list[tuple[float, float, float]] | None:
@@ -537,15 +553,7 @@ def stepped(
     fi = [i for i in range(len(flat_args)) if dirs and dirs[0][i] is not None]
     if not fi:
         return None
-    base = [jnp.asarray(a) for a in flat_args]
-
-    def f(*xs: Any) -> Any:
-        full = list(base)
-        for i, x in zip(fi, xs):
-            full[i] = x
-        outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *full)
-        flat = [jnp.ravel(o).astype(jnp.float32) for o in outs if is_float(o)]
-        return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
+    f, base = _of_directed(closed, flat_args, fi)
 
     jvp = jax.jit(lambda p, t: jax.jvp(f, p, t)[1])
     xs = [base[i] for i in fi]
@@ -693,15 +701,7 @@ def inner_smooth(closed: Any, flat_args: list, dirs: list[list]) -> str | None:
     fi = [i for i in range(len(flat_args)) if dirs and dirs[0][i] is not None]
     if not fi:
         return None
-    base = [jnp.asarray(a) for a in flat_args]
-
-    def f(*xs: Any) -> Any:
-        full = list(base)
-        for i, x in zip(fi, xs):
-            full[i] = x
-        outs = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *full)
-        flat = [jnp.ravel(o).astype(jnp.float32) for o in outs if is_float(o)]
-        return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
+    f, base = _of_directed(closed, flat_args, fi)
 
     value = jax.jit(f)
     xs = [base[i] for i in fi]
