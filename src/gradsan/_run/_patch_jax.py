@@ -94,7 +94,7 @@ class Watched:
                 return out
             self._calls += 1
             if self._defer:  # _defer_flag, inlined: this runs at every call
-                if self._adaptive and flag.is_ready():
+                if self._adaptive and _ready(flag):
                     # done within its dispatch (XLA:CPU runs a cheap program inline): reading
                     # the flag now waits for nothing, so no snapshot is kept and a failure is
                     # reported at its own call, with the script's live inputs
