@@ -39,3 +39,19 @@ def test_multisteps_of_each_optimizer_gets_its_own_state(gradsan_check):
             seen.append(type(state.inner_opt_state[0]).__name__)
             assert jnp.array_equal(updates, jnp.zeros_like(grads))
     assert seen == ["ScaleByBeliefState", "ScaleByRssState"]
+
+
+def test_a_constant_inf_the_init_writes_into_its_state_is_not_a_finding(gradsan_check):
+    # optax contrib _common_test::test_preserve_dtype40/41, test_gradient_accumulation40/41:
+    # reduce_on_plateau's init keeps best_value=inf (a literal in the jaxpr) as its sentinel
+    opt = optax.chain(optax.sgd(0.1), optax.contrib.reduce_on_plateau())
+    params = jnp.array([1.0, 2.0])
+    with gradsan_check():
+        state = jax.jit(opt.init)(params)
+        state = jax.jit(opt.init)(params)  # the fused program's flag, too
+    assert bool(jnp.isinf(state[1].best_value))
+
+
+def test_an_inf_the_step_computes_from_a_literal_is_still_found(gradsan_check):
+    with pytest.raises(Exception, match="Inf"), gradsan_check():
+        jax.jit(lambda x: x + jnp.log(0.0))(jnp.ones(2))

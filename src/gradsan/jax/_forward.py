@@ -15,7 +15,9 @@ the step's jaxpr:
   branch is not read (its index is inside the step's program), so a branch that computes
   exactly the input's value, every element, counts as passing it through.
 
-Anything an equation computes is the call's, even a copy (``x + 0``, ``x * 1``, ``jnp.copy``:
+A literal in the jaxpr (``jnp.asarray(jnp.inf)``: optax reduce_on_plateau's ``best_value``
+sentinel) is the program's constant, not computed: forwarded too. Anything an equation
+computes is the call's, even a copy (``x + 0``, ``x * 1``, ``jnp.copy``:
 XLA may forward those buffers, the program does not), so a NaN gradient computed from NaN data
 is still found (a gradient is never a forwarded input).
 """
@@ -60,7 +62,7 @@ def forwarding(jaxpr: Any, ins: list[Src] | None = None) -> list[Src]:
         env[v] = (True, frozenset([k])) if ins is None else ins[k]
 
     def read(v: Any) -> Src:
-        return None if isinstance(v, jcore.Literal) else env.get(v)
+        return (True, frozenset()) if isinstance(v, jcore.Literal) else env.get(v)  # a constant
 
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
