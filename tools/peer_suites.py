@@ -25,12 +25,14 @@ optax's ``--gradsan-allow="test_apply_if_finite or test_statefull_inner or test_
 SafeSoftmaxCrossEntropyTest"`` (they feed NaN/Inf on purpose) and
 ``--gradsan-allow=optax/_src/alias_test.py::AliasTest::test_optimization10`` (adadelta without
 a learning rate on Rosenbrock: its state overflows to inf, and the test skips itself after the
-run as numerically unstable).
+run as numerically unstable) and
+``--gradsan-allow=optax/_src/alias_test.py::LBFGSTest::test_against_plain_implementation9``
+(the Zakharov objective overflows to inf in the line search, which the test tolerates).
 
 Compared so far (plain vs --gradsan, by node id; sessions 13 + 14): equinox 475 of 475; optax:
 every one of its 52 test modules has been run in both modes, except the last 182 tests of
-session 13's chunk A (24 modules) under --gradsan; the differences left are named in
-/work/notes/s14/peers.md and peers2.md. Session 14's peers2 (optax linesearch_test 242,
+session 13's chunk A (24 modules) under --gradsan; no difference is left but the allowed
+tests above. Session 14's peers2 (optax linesearch_test 242,
 13 small modules 111, contrib/_common_test 1422, assignment/_hungarian_algorithm_test 1528
 outcomes, subtests included) needed no allow: its 4 differences (reduce_on_plateau's inf
 sentinel in init state) were gradsan's and are fixed.
