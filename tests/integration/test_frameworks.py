@@ -43,7 +43,13 @@ def test_stops_at_the_padded_batch_with_a_located_report(padded_run, name):
     script = EXAMPLES / name
     r, _ = padded_run(name)
     assert r.returncode == 3, r.stderr
-    assert r.stdout.splitlines()[-1] == "step 5"  # stopped at the padded batch
+    if "is read at the end of the script" in r.stderr:
+        # the last step was still running when its call returned (the machine's timing): its
+        # flag was read when the script ended, and the script's own code after it ran
+        assert r.stdout.splitlines()[-1] == "done"
+        assert "the flag of the 6th call of `train_step`" in r.stderr
+    else:
+        assert r.stdout.splitlines()[-1] == "step 5"  # stopped at the padded batch
     assert f"the 6th call of `train_step` {SCRIPTS[name]} returned NaN/Inf" in r.stderr
     assert (
         f"{script}:{line_of(script, 'unit-length rows' if 'flax' in name else 'unit-length input')}"

@@ -168,6 +168,7 @@ def test_a_step_whose_flag_is_never_followed_is_read_at_the_end(tmp_path, monkey
     (f,) = got
     assert f.call == 3 and float(f.args[0][0]) == -1.0
     assert "read one call late" not in err  # read at the end, no next call involved
+    assert "the flag of the 3rd call of" in err and "is read at the end of the script" in err
 
 
 def test_gradsan_run_exits_3_at_the_nan_step(tmp_path):

@@ -212,12 +212,18 @@ class Watched:
         """Read the flag of the last call (the end of a script)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._settle(pending)
+            self._settle(pending, late="end")
 
     def _fail(
         self, args: tuple, kwargs: dict, out: Any, via: Any, call: int, late: str | None = None
     ) -> None:
-        if late:
+        if late == "end":
+            say(
+                f"the flag of the {ordinal(call)} call of {self.label} is read at the end of the "
+                f"script (that call was still running when it returned): the script's own code "
+                f"after the {ordinal(call)} call ran as it does without gradsan."
+            )
+        elif late:
             nxt = ordinal(call + 1)
             when = (
                 f"before it was dispatched: the {nxt} call does not run"
