@@ -15,8 +15,10 @@ the step's jaxpr:
   branch is not read (its index is inside the step's program), so a branch that computes
   exactly the input's value, every element, counts as passing it through.
 
-A literal in the jaxpr (``jnp.asarray(jnp.inf)``: optax reduce_on_plateau's ``best_value``
-sentinel) is the program's constant, not computed: forwarded too. Anything an equation
+An infinite literal in the jaxpr (``jnp.asarray(jnp.inf)``: optax reduce_on_plateau's
+``best_value`` sentinel) is the program's constant, not computed: forwarded too. A NaN literal
+is not: a program writes one as a signal (``eqx.error_if(..., on_error="nan")``), and it is
+reported. Anything an equation
 computes is the call's, even a copy (``x + 0``, ``x * 1``, ``jnp.copy``:
 XLA may forward those buffers, the program does not), so a NaN gradient computed from NaN data
 is still found (a gradient is never a forwarded input).
@@ -62,7 +64,9 @@ def forwarding(jaxpr: Any, ins: list[Src] | None = None) -> list[Src]:
         env[v] = (True, frozenset([k])) if ins is None else ins[k]
 
     def read(v: Any) -> Src:
-        return (True, frozenset()) if isinstance(v, jcore.Literal) else env.get(v)  # a constant
+        if isinstance(v, jcore.Literal):  # a constant: an inf is a sentinel, a NaN a signal
+            return (True, frozenset()) if _inf_literal(v) else None
+        return env.get(v)
 
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -216,3 +220,12 @@ def _host_same(y: Any, a: np.ndarray) -> bool:
 
 
 __all__ = ["computed_flag", "float_leaves", "forwarding", "host_computed_flag"]
+
+
+def _inf_literal(v: Any) -> bool:
+    """Whether the literal ``v`` is an infinity (+inf or -inf, no NaN)."""
+    try:
+        val = np.asarray(v.val)
+        return bool(np.all(np.isinf(val))) if val.dtype.kind in "fc" else False
+    except Exception:
+        return False
