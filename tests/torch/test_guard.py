@@ -177,11 +177,13 @@ def test_the_fused_check_finds_any_nonfinite_element(bad):
 
 @pytest.mark.parametrize("at", [0, 5, 9])
 def test_the_fused_check_flattens_in_chunks_and_reads_every_one(monkeypatch, at):
-    """Small CPU gradients are flattened at most _STACK elements at a time: a NaN in the
-    first, a middle or the last chunk is found; complex and mixed dtypes are read too."""
+    """Where the fused kernel is not there (or refuses a tensor), small CPU gradients are
+    flattened at most _STACK elements at a time: a NaN in the first, a middle or the last
+    chunk is found; complex and mixed dtypes are read too."""
     from gradsan.torch import _guard
 
     monkeypatch.setattr(_guard, "_STACK", 40)
+    monkeypatch.setattr(_guard, "_fused_check", None)  # the path where the kernel refuses
     gs = [torch.randn(3, 5) for _ in range(10)]  # 15 elements: chunks of 2
     mixed = [torch.randn(3, dtype=torch.complex64), torch.randn(2, dtype=torch.float64)]
     assert _guard.finite(gs + mixed)
@@ -190,6 +192,55 @@ def test_the_fused_check_flattens_in_chunks_and_reads_every_one(monkeypatch, at)
     gs[at][1, 2] = 0.0
     mixed[0][1] = complex(0, float("inf"))
     assert not _guard.finite(gs + mixed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_fused_check_leaves_every_gradient_bit_for_bit(dtype):
+    """The small CPU gradients go through GradScaler's check-and-unscale kernel with a scale
+    of 1: it finds a NaN, +inf or -inf in any of them, and the gradients keep every bit (NaN
+    payloads, -0.0, subnormals also under flush-denormal), their version counter and their
+    autograd history (a create_graph gradient stays differentiable)."""
+    from gradsan.torch import _guard
+
+    tiny = torch.finfo(dtype).tiny / 4  # a subnormal
+    leaf = torch.ones(3, dtype=dtype, requires_grad=True)
+    gs = [torch.tensor([1.5, -0.0, tiny, 2.0], dtype=dtype) for _ in range(3)]
+    gs.append(leaf * 2)  # a gradient with history (create_graph=True)
+    bits = [g.detach().view(torch.uint8).clone() for g in gs]
+    versions = [g._version for g in gs]
+    for flush in (False, True):
+        torch.set_flush_denormal(flush)
+        try:
+            assert _guard.finite(gs)
+        finally:
+            torch.set_flush_denormal(False)
+    assert all(torch.equal(g.detach().view(torch.uint8), b) for g, b in zip(gs, bits))
+    assert [g._version for g in gs] == versions
+    gs[-1].sum().backward()
+    assert torch.equal(leaf.grad, torch.full((3,), 2.0, dtype=dtype))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for i in range(3):
+            gs[i].view(-1)[2] = bad
+            assert not _guard.finite(gs)
+            gs[i].view(-1)[2] = tiny
+    payload = torch.tensor([0x7FC00123], dtype=torch.int32).view(torch.float32)
+    pair = [payload.clone(), torch.zeros(2)]
+    assert not _guard.finite(pair)
+    assert pair[0].view(torch.int32).item() == 0x7FC00123  # the NaN's payload kept
+
+
+def test_the_fused_check_hands_what_the_kernel_refuses_to_the_sums():
+    """A stride-0 expanded gradient and a complex one are refused by the kernel: they are
+    summed instead, and a NaN in either is still found."""
+    from gradsan.torch import _guard
+
+    gs = [torch.randn(4), torch.randn(1).expand(6), torch.randn(3, dtype=torch.complex64)]
+    assert _guard.finite(gs)
+    gs[1] = torch.tensor([float("nan")]).expand(6)
+    assert not _guard.finite(gs)
+    gs[1] = torch.randn(1).expand(6)
+    gs[2][0] = complex(float("nan"), 0)
+    assert not _guard.finite(gs)
 
 
 def test_each_step_puts_every_patch_back_and_keeps_the_hook_order():

@@ -30,17 +30,36 @@ def _grads(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [g for p in params if (g := p.grad) is not None and g.is_floating_point()]
 
 
-# On CPU a reduction is one kernel per tensor (``torch._foreach_norm`` too loops over them),
-# so the cost of the check on few or small gradients is the dispatch: CPU gradients of at
-# most _SMALL elements are flattened together per dtype (one copy, one sum, at most _STACK
-# elements at a time; a copy of a small tensor costs less than a kernel launch), the larger
-# ones are summed one by one (a sum is cheaper than a norm), and each partial sum is read
-# without stacking them (``.item()`` on CPU is no sync). On other devices one fused
-# ``_foreach_norm`` per device and dtype and one sync per device.
+# The check on CPU. Gradients of at most _SMALL elements: one call of the kernel GradScaler
+# unscales with (``torch._amp_foreach_non_finite_check_and_unscale_``) over all of them, with an
+# inverse scale of exactly 1: one dispatch for every tensor and an exact isfinite per element
+# (no sum that can overflow). With a scale of 1 the kernel writes each value back unchanged
+# (bit for bit: NaN payloads, -0.0, subnormals under flush-denormal; no version bump, no
+# autograd history; tested), as GradScaler.unscale_ does with its own scale on every
+# mixed-precision step. Larger gradients: a sum each (a read, no write back: on a large tensor
+# cheaper than the kernel's read and write; a non-finite sum is confirmed exactly). What the
+# kernel does not take (complex, a stride-0 expanded tensor) is summed too (_sums: small ones
+# flattened together per dtype). On other devices one fused ``_foreach_norm`` per device and
+# dtype and one sync per device.
 _SMALL = 4096
 _STACK = 1 << 20
 _strided = torch.strided
 _HALF = (torch.float16, torch.bfloat16)
+_ONE = torch.ones(())  # the inverse scale: 1.0 (float32, as the kernel takes it)
+_fused_check = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
+
+
+def _cpu_fused(grads: list[torch.Tensor]) -> bool | None:
+    """True/False: whether every element of the dense real CPU ``grads`` is finite; None
+    where the fused kernel refused them (the caller sums them instead)."""
+    if _fused_check is None:  # pragma: no cover - another torch
+        return None
+    found = torch.zeros(())
+    try:
+        _fused_check(grads, found, _ONE)  # (below autograd: no graph, no version bump)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+    return not found.item()
 
 
 def _sums(
@@ -48,7 +67,8 @@ def _sums(
 ) -> tuple[list[torch.Tensor], dict[Any, tuple[set, list[torch.Tensor]]]]:
     """The 0-d CPU partial sums, and per other device the dtypes and the 0-d tensors, one
     per group of ``grads``: each non-finite if an element of its group is (or if it
-    overflowed)."""
+    overflowed). On CPU, gradients of at most _SMALL elements are flattened together per
+    dtype (at most _STACK elements at a time), larger ones summed one by one."""
     cpu: list[torch.Tensor] = []
     small: dict[Any, list[torch.Tensor]] = {}
     rest: dict[Any, list[torch.Tensor]] = {}
@@ -85,26 +105,53 @@ def _sums(
     return cpu, out
 
 
+def _summed_finite(grads: list[torch.Tensor]) -> bool:
+    """Whether the sums of ``grads`` are finite (False may be an overflow: confirm it)."""
+    cpu, other = _sums(grads)
+    for t in cpu:
+        if not _finite_number(t.item()):
+            return False
+    for dts, ts in other.values():
+        if len(dts) > 1:
+            ts = [t.to(torch.complex128 if t.is_complex() else torch.float64) for t in ts]
+        total = ts[0] if len(ts) == 1 else torch.stack(ts).sum()
+        if not _finite_number(total.item()):
+            return False
+    return True
+
+
+_REAL = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
 def finite(grads: list[torch.Tensor], extra: list[torch.Tensor] = ()) -> bool:  # type: ignore[assignment]
-    """The fast path: a reduction over all the gradients (and the loss), one sync per
-    device (see _sums: on CPU, small gradients flattened together, larger ones summed one by
-    one); when a sum is non-finite, an exact check confirms it (a sum of large finite values
-    can overflow)."""
+    """The fast path: whether every element of the gradients (and of the loss) is finite
+    (see above: small dense real CPU gradients in one exact fused check, the others summed,
+    a non-finite sum confirmed exactly since a sum of large finite values can overflow)."""
     ok = True
     if grads:
-        cpu, other = _sums(grads)
-        for t in cpu:
-            if not _finite_number(t.item()):
-                ok = False
-                break
-        if ok:
-            for dts, ts in other.values():
-                if len(dts) > 1:
-                    ts = [t.to(torch.complex128 if t.is_complex() else torch.float64) for t in ts]
-                total = ts[0] if len(ts) == 1 else torch.stack(ts).sum()
-                if not _finite_number(total.item()):
-                    ok = False
-                    break
+        small: list[torch.Tensor] = []
+        others: list[torch.Tensor] = []
+        for g in grads:
+            if (
+                type(g) is torch.Tensor
+                and g.layout == _strided
+                and g.is_cpu
+                and g.dtype in _REAL
+                and g.numel() <= _SMALL
+            ):
+                small.append(g)
+            else:
+                others.append(g)
+        if len(small) >= 2:
+            verdict = _cpu_fused(small)
+            if verdict is False:
+                return False  # exact: nothing to confirm
+            if verdict is None:
+                others += small
+        else:
+            others += small
+        if others:
+            ok = _summed_finite(others)
     if ok:
         for e in extra:
             if e.numel() == 1:
