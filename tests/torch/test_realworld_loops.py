@@ -109,9 +109,9 @@ def lm_setup(bad=2):
 
 # torch.utils.checkpoint on a block that normalizes by a hand-written norm (optax#1743 in torch)
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, bias=True):
         super().__init__()
-        self.lin = nn.Linear(3, 3)
+        self.lin = nn.Linear(3, 3, bias=bias)
 
     def forward(self, x):
         h = self.lin(x)
@@ -595,3 +595,45 @@ def _closure_step():
 def test_a_fix_is_not_verified_by_an_empty_gradient():
     report = gst.explain(_closure_step())(torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64))
     assert all(p.status != "verified" for f in report.findings for p in f.fixes)
+
+
+@pytest.mark.slow  # torch.compile
+def test_guard_on_a_compiled_module_replays_it_eagerly():
+    # the Block above, torch.compile'd, in a loop whose 3rd batch is all zeros (a dead input)
+    torch.manual_seed(0)
+    model = torch.compile(Block(bias=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randn(2, 3, generator=g) for _ in range(4)]
+    batches[2] = torch.zeros(2, 3)
+    it = iter(batches)
+
+    def step():
+        x = next(it)
+        opt.zero_grad()
+        loss = model(x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    try:
+        losses, failed, err = _guarded_until_raise(step, 4)
+    except Exception as e:  # pragma: no cover - depends on the toolchain
+        pytest.skip(f"torch.compile is unusable here: {e}")
+    assert failed == 2
+    assert _origin(err) == ("sqrt-at-zero", str(HERE), line_of("L:block-norm"))
+
+
+def test_sanitize_says_nothing_on_a_clean_mnist_step():
+    # relu, max_pool2d and log_softmax on an ordinary batch: no kink the gradient depends on
+    torch.manual_seed(0)
+    model = MnistNet()
+    ds = mnist_data()
+    x, y = ds.tensors[0][:4], ds.tensors[1][:4]
+
+    def step(x, y):
+        h = torch.flatten(F.max_pool2d(F.relu(model.conv1(x)), 2), 1)
+        return F.nll_loss(F.log_softmax(model.fc1(h), dim=1), y)
+
+    report = gst.sanitize(step, module=model)(x, y)
+    assert report.ok and not report.findings, str(report)
