@@ -485,3 +485,14 @@ def test_multihead_attention_fully_masked_query():
     assert {"attn.in_proj_weight", "attn.in_proj_bias"} <= paths
     assert all(f.where.line == line_of("L:mha") for f in report.findings)
     assert f"test_realworld_losses.py:{line_of('L:mha-slice')} (mha_fully_masked)" in text
+
+
+def test_nansafe_says_when_it_made_no_repair():
+    report = gst.nansafe(masked_attention)(*CASES["attn"].args())
+    assert not report.ok
+    assert any(n.startswith("nansafe made no repair") for n in report.notes)
+    assert "nansafe made no repair" in str(report)
+    # and says nothing of the kind when it did repair
+    args = _g([[0.5, -1.0, 2.0], [0.3, 0.1, -0.2]]), _t([3, 1])
+    report = gst.nansafe(padded_log_likelihood)(*args)
+    assert not any(n.startswith("nansafe made no repair") for n in report.notes)
