@@ -536,12 +536,6 @@ def test_guard_on_the_vae_training_loop():
     assert failed == 2 and _origin(err)[0] == "exp-overflow"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch/_guard.py (coordinator): with no optimizer (word_language_model's manual "
-    "p.data.add_(p.grad, alpha=-lr)) the check runs after the update; the replay then sees "
-    "the NaN parameters and reports them as 'already in the input'",
-)
 def test_guard_on_a_manual_sgd_update():
     step, model, state = lm_setup(bad=2)
     losses, failed, err = _guarded_until_raise(step, 5)
@@ -549,15 +543,12 @@ def test_guard_on_a_manual_sgd_update():
     assert _origin(err) == ("log-at-zero", str(HERE), line_of("L:lm-log"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch/_replay.py (coordinator): the replay starts from the Python state the step "
-    "left (a counter it advanced at its top), so it runs another batch and finds nothing",
-)
 def test_guard_replay_of_a_step_that_advances_a_counter_first():
     step, netG, netD, optD, optG, state = gan_setup(bad=2)
     losses, failed, err = _guarded_until_raise(step, 5)
     assert _origin(err)[2] == line_of("L:gan-log")
+    assert state["i"] == 3  # as the failing step left it
+    assert any("as they were when the step began" in n for n in err.report.notes)
 
 
 @pytest.mark.xfail(

@@ -181,6 +181,7 @@ def test_replay_asks_for_more_than_the_step_took():
     lin = torch.nn.Linear(2, 1)
     pulled = []
     runs = []
+    box = types.SimpleNamespace(calls=0)  # (an object's attribute: not rewound)
 
     def data():
         while True:
@@ -191,8 +192,9 @@ def test_replay_asks_for_more_than_the_step_took():
 
     def step():
         runs.append(1)
+        box.calls += 1
         x = next(it)
-        if len(runs) == 2:  # the replay takes a second batch
+        if box.calls == 2:  # the replay takes a second batch
             next(it)
         h = lin(x)
         loss = torch.sqrt((h - h.detach()).pow(2).sum())
@@ -202,8 +204,9 @@ def test_replay_asks_for_more_than_the_step_took():
     with pytest.raises(gradsan.NonFiniteError) as ei:
         gst.guard(step)()
     assert len(pulled) == 1  # nothing more came from the user's iterator
-    # the replay ran (its append to `runs` is named) and what it appended was put back
-    assert len(runs) == 1 and "`runs` (a list: 1 -> 2 items)" in str(ei.value)
+    # the replay ran from the step's start (`runs` empty again) and left `runs` as the step did
+    assert box.calls == 2 and len(runs) == 1
+    assert "as they were when the step began" in str(ei.value)
     assert "could not be replayed without side effects" in str(ei.value)
     assert "`it`" in str(ei.value)
 
@@ -324,12 +327,15 @@ def test_the_note_says_the_steps_python_ran_twice_and_what_it_put_back():
     guarded(torch.randn(8, 4), False)
     with pytest.raises(gradsan.NonFiniteError) as ei:
         guarded(torch.randn(8, 4), True)
-    # the replay's append, insertion and increment were put back: each happened once a call
+    # the replay started from the step's start (log: 1 item, seen: 1 key, CALLS == 1) and
+    # did what the step did: each append, insertion and increment once a call
     assert len(log) == 2 and CALLS == 2 and seen == {0: False, 1: True}
     note = next(n for n in ei.value.report.notes if "a second time" in n)
     assert note.startswith("the replay ran the step's Python a second time")
-    assert "`log` (a list: 2 -> 3 items)" in note and "`seen` (a dict: 2 -> 3 items)" in note
-    assert "`CALLS` (2 -> 3)" in note and "put back" in note
+    assert "as they were when the step began" in note
+    # the loss it appended is the replay's own tensor: named, and the step's put back
+    assert "`log` (a list: its items changed)" in note and "put back" in note
+    assert "`seen`" not in note and "`CALLS`" not in note  # these ended as the step left them
     assert "a print, logging, a file write" in note and "happened twice" in note
 
 

@@ -141,6 +141,12 @@ class GradCheck(_Patches):
         self.abort = abort
         self.failed: str | None = None
         self._autograd: Any = None
+        # guard, for a step with no optimizer it knows of (a manual ``p.data.add_(p.grad)``
+        # update): called after each outermost torch.autograd.backward (Tensor.backward goes
+        # through it), to check the gradients before the step's own update; None: not patched
+        self.after_backward: Callable[[int], None] | None = None
+        self._backward: Any = None
+        self.backwards = 0  # outermost backward calls (counted while after_backward is set)
 
     def wrappers(self) -> dict[str, Callable[[Any], Any]]:
         return {"grad": self._grad, "vjp": self._vjp}
@@ -149,7 +155,24 @@ class GradCheck(_Patches):
         super().__enter__()
         orig = self._autograd = torch.autograd.grad
         torch.autograd.grad = self._wrapped("autograd.grad", orig, self._autograd_grad)
+        if self.after_backward is not None:
+            orig = self._backward = torch.autograd.backward
+            torch.autograd.backward = self._wrapped("autograd.backward", orig, self._checked_bwd)
         return self
+
+    def _checked_bwd(self, orig: Callable) -> Callable:
+        @functools.wraps(orig)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if self.depth:
+                return orig(*args, **kwargs)
+            out = self.inner(orig, *args, **kwargs)
+            self.backwards += 1
+            check = self.after_backward
+            if check is not None:
+                check(self.backwards)
+            return out
+
+        return backward
 
     def _autograd_grad(self, orig: Callable) -> Callable:
         @functools.wraps(orig)  # the tracer's TorchFunctionMode recognizes it by name
@@ -164,6 +187,9 @@ class GradCheck(_Patches):
 
     def __exit__(self, *exc: Any) -> None:
         torch.autograd.grad = self._autograd
+        if self._backward is not None:
+            torch.autograd.backward = self._backward
+            self._backward = None
         super().__exit__(*exc)
 
     def returned(self, pairs: list[tuple[Any, torch.Tensor]], api: str) -> None:

@@ -339,6 +339,8 @@ class guard:
         self._func_check = GradCheck(_Abort)  # torch.func's gradients, checked when returned
         self._hook_slot = _compat.optimizer_hook_slot()  # the step check's pre-hook
         self._busy = False  # a call of this guard is running (a second one gets its own watch)
+        self._opt_seen = False  # an optimizer stepped in a call (its pre-hook checks from now on)
+        self._failed_backward = 0  # the backward (1, 2, ...) after which the check stopped it
 
     # -- the guarded step -----------------------------------------------------------------------
     def _watched(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -371,6 +373,13 @@ class guard:
         check = _StepCheck(snapshot=self._several, slot=None if busy else self._hook_slot)
         func = GradCheck(_Abort) if busy else self._func_check
         func.failed = None
+        func.backwards = 0
+        self._failed_backward = 0
+        # no optimizer known (none found, none seen stepping): the step may update the
+        # parameters itself after its backward, so the gradients are checked right after it
+        func.after_backward = (
+            None if self.opts or self._opt_seen else self._after_backward(func, args, kwargs)
+        )
         taps: list[_replay.Tap] = []
         if args or kwargs:
             args, kwargs = _replay.tap_args(args, kwargs, taps)
@@ -378,6 +387,7 @@ class guard:
         # gradsan.torch._amp: GradScaler steps (one watch per guard, its wrappers made once)
         self._amp = amp = _amp.GuardWatch() if busy else self._watch.reset()
         bindings = self._bindings
+        start = _replay.StartState(bindings)  # the replay starts from the step's start
         self._busy = True
         try:
             with check, func, amp:
@@ -390,6 +400,8 @@ class guard:
                     bindings.untap(installed)
         finally:
             self._busy = busy
+        if check.checked:
+            self._opt_seen = True
         if len(check.stepped) + (check.failed is not None) >= 2:
             self._several = True  # from now on, keep earlier optimizers' parameters
         if check.failed is None and func.failed is None:
@@ -406,10 +418,22 @@ class guard:
         self._dist_notes = plan.notes
         self._busy = True  # the replay runs the step again (and uses this guard's watch)
         try:
-            self._replay(args, kwargs, rng, cuda_rng, check, plan)
+            self._replay(args, kwargs, rng, cuda_rng, check, plan, start)
         finally:
             self._busy = busy
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _after_backward(self, func: GradCheck, args: tuple, kwargs: dict) -> Callable[[int], None]:
+        """The check after each backward of a step with no optimizer guard knows of: a
+        non-finite gradient stops the step there, before its own update of the parameters."""
+
+        def check(n: int) -> None:
+            if not finite(_grads(self._watched(args, kwargs))):
+                func.failed = "backward"
+                self._failed_backward = n
+                raise _Abort()
+
+        return check
 
     def _replay(
         self,
@@ -419,6 +443,7 @@ class guard:
         cuda_rng: Any,
         check: _StepCheck,
         plan: _distributed.GuardPlan | None = None,
+        start: _replay.StartState | None = None,
     ) -> None:
         """Explain the failing step: call it again under the tracer, with the step's inputs,
         batches, parameters and RNG state (_replay.py says what runs twice and what not)."""
@@ -465,6 +490,8 @@ class guard:
         problem: str | None = None
         args, kwargs = _replay.replay_args(args, kwargs)
         python = _replay.PythonState(self._bindings)  # the step's Python runs again
+        if start is not None:
+            start.rewind()  # from the numbers and small containers of the step's start
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(_eager())
@@ -475,7 +502,10 @@ class guard:
                 warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
                 stack.enter_context(_replay.no_updates(self._optimizers(check)))
                 stop = stack.enter_context(_StepCheck(replaying=True))
-                stack.enter_context(GradCheck(_Abort))
+                replay_func = GradCheck(_Abort)
+                if self._failed_backward:  # the step stopped after that backward: so does this
+                    replay_func.after_backward = _stop_after(self._failed_backward)
+                stack.enter_context(replay_func)
                 stack.enter_context(self._bindings.replaying())
                 try:
                     out = self.step(*args, **kwargs)  # type: ignore[misc]  # checked in __call__
@@ -495,7 +525,7 @@ class guard:
         finally:
             tracer.__exit__(None, None, None)
             session.tracer = None
-            ran_twice = _replay.ran_twice_note(python.restore())
+            ran_twice = _replay.ran_twice_note(python.restore(), start)
             left.restore()  # buffers, and parameters an earlier optimizer had updated
             for p, g in grads_left:
                 if p.grad is None:
@@ -583,6 +613,14 @@ class guard:
             ],
         )
         raise NonFiniteError(report) from None
+
+
+def _stop_after(k: int) -> Callable[[int], None]:
+    def stop(n: int) -> None:
+        if n >= k:
+            raise _Abort()
+
+    return stop
 
 
 def _looks_like_step(m: torch.nn.Module) -> bool:

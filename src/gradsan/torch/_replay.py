@@ -245,13 +245,26 @@ class ModuleState:
         self.versions = [t._version for t in self.tensors]
 
     def restore(self) -> None:
-        """Put back every tensor changed in place since (its version counter moved)."""
+        """Put back every tensor changed in place since: its version counter moved, or its
+        bits differ (a write through ``p.data`` does not count a version)."""
         with torch.no_grad():
             for t, s, v in zip(self.tensors, self.saved, self.versions):
-                if t._version != v:
+                if t._version != v or not _same_bits(t, s):
                     t.copy_(s)
             for b, s in zip(self.buffers, self.buffers_saved):
                 b.copy_(s)
+
+
+def _same_bits(t: torch.Tensor, s: torch.Tensor) -> bool:
+    """Whether ``t`` holds exactly ``s`` (NaN included)."""
+    a, b = t.detach(), s
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    return (
+        bool(((a == b) | (a.isnan() & b.isnan())).all())
+        if a.is_floating_point()
+        else (torch.equal(a, b))
+    )
 
 
 def replay_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -324,29 +337,95 @@ class PythonState:
                 changed.append(f"`{name}` (a {kind}: {len(saved)} -> {len(v)} items)")
             else:
                 changed.append(f"`{name}` (a {kind}: its items changed)")
-            if isinstance(v, (list, bytearray)):
-                v[:] = saved
-            elif isinstance(v, collections.deque):
-                v.clear()
-                v.extend(saved)
-            else:
-                v.clear()
-                v.update(saved)
+            _refill(v, saved)
         return changed
 
 
-def ran_twice_note(changed: list[str]) -> str:
+_REWIND_MAX = 256  # a container with more items is not copied on every step (a growing log)
+
+
+class StartState:
+    """What the step's named numbers, strings and small containers held when the step began
+    (guard keeps it on every call: the replay starts from it, not from what the step left,
+    so a step that advances a counter at its top replays its own batch). A container is
+    copied shallowly; one of more than _REWIND_MAX items is not copied (``skipped``)."""
+
+    __slots__ = ("kept", "skipped")
+
+    def __init__(self, bindings: Bindings) -> None:
+        kept: list[tuple[Any, str, Any, Any]] = []  # (place, key, value, copy or _SCALAR)
+        skipped: list[str] = []
+        for place, key, name in bindings.places:
+            if key == "":
+                try:
+                    v = place.cell_contents
+                except ValueError:
+                    continue
+            else:
+                v = place.get(key)
+            t = type(v)
+            if t in _SCALAR_TYPES:
+                kept.append((place, key, v, _SCALAR))
+            elif t in _CONTAINER_TYPES:
+                if len(v) <= _REWIND_MAX:
+                    kept.append((place, key, v, t(v)))
+                else:
+                    skipped.append(name)
+        self.kept = kept
+        self.skipped = skipped
+
+    def rewind(self) -> None:
+        """Put each kept name back to its value at the step's start (containers in place)."""
+        for place, key, v, saved in self.kept:
+            if Bindings._get(place, key) is not v:
+                Bindings._set(place, key, v)
+            if saved is _SCALAR:
+                continue
+            _refill(v, saved)
+
+
+_SCALAR = object()
+_CONTAINER_TYPES = frozenset(_CONTAINERS)
+_SCALAR_TYPES = frozenset((int, float, complex, str, bytes, bool, type(None)))
+
+
+def _refill(v: Any, saved: Any) -> None:
+    if isinstance(v, (list, bytearray)):
+        v[:] = saved
+    elif isinstance(v, collections.deque):
+        v.clear()
+        v.extend(saved)
+    else:
+        v.clear()
+        v.update(saved)
+
+
+def ran_twice_note(changed: list[str], start: StartState | None = None) -> str:
     """The report's note on the replay: the step's Python ran a second time."""
     head = (
         "the replay ran the step's Python a second time (the batches it took, optimizer and "
-        "LR scheduler steps, RNG and module state were replayed, skipped or put back)"
+        "LR scheduler steps, RNG and module state were replayed, skipped or put back"
     )
+    if start is not None and start.kept:
+        head += (
+            "; it started from the numbers, strings and small lists and dicts the step names "
+            "as they were when the step began"
+        )
+    if start is not None and start.skipped:
+        names = ", ".join(f"`{n}`" for n in start.skipped[:3])
+        head += f" ({names}: too large to copy on every step, as the step left it)"
+    head += ")"
     if changed:
         return (
             f"{head}; in the replay it changed {', '.join(changed)}: put back as the step "
             "left it; anything else it does (a print, logging, a file write) happened twice"
         )
+    same = (
+        "ended as the step had left them"
+        if start is not None and start.kept
+        else "were unchanged by it"
+    )
     return (
-        f"{head}; the lists, dicts, sets and numbers it names were unchanged by it; anything "
-        "else it does (a print, logging, a file write) happened twice"
+        f"{head}; the lists, dicts, sets and numbers it names {same}; anything else it does "
+        "(a print, logging, a file write) happened twice"
     )
