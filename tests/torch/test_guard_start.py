@@ -238,3 +238,29 @@ def test_with_an_optimizer_the_backward_is_not_checked_twice(monkeypatch):
         g(torch.ones(3))
         assert torch.autograd.backward is orig
     assert calls.count(1) == 3  # the pre-hook's check of w's gradient, once a step
+
+
+def test_a_nan_the_grad_held_before_the_step_is_named_and_left_in_place():
+    """A step without zero_grad whose .grad already held NaN: the replay (from .grad = None)
+    computes finite gradients, so the NaN was in the .grad before the step; the report names
+    `lin.weight.grad`, and the gradients stay as the step left them."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    lin.weight.grad = torch.full((1, 2), float("nan"))
+    before = [p.detach().clone() for p in lin.parameters()]
+    x = torch.randn(3, 2)
+
+    def step():
+        lin(x).sum().backward()
+        opt.step()
+
+    with pytest.raises(gradsan.NonFiniteError) as ei:
+        gst.guard(step)()
+    (f,) = ei.value.report.findings
+    assert f.catalog_id == "nonfinite-input" and "`lin.weight.grad`" in str(ei.value.report)
+    assert "zero_grad" in f.explanation
+    assert "did not reproduce" not in str(ei.value.report)
+    assert torch.isnan(lin.weight.grad).all()  # as the step left it, not the replay's
+    assert torch.isfinite(lin.bias.grad).all()
+    assert all(torch.equal(p, b) for p, b in zip(lin.parameters(), before))  # no update

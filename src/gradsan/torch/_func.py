@@ -156,7 +156,7 @@ class GradCheck(_Patches):
         orig = self._autograd = torch.autograd.grad
         torch.autograd.grad = self._wrapped("autograd.grad", orig, self._autograd_grad)
         if self.after_backward is not None:
-            orig = self._backward = torch.autograd.backward
+            orig = self._backward = torch.autograd.backward  # type: ignore[assignment]
             torch.autograd.backward = self._wrapped("autograd.backward", orig, self._checked_bwd)
         return self
 

@@ -15,7 +15,9 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .._errors import NonFiniteError, UsageError
+from .._events import Origin
 from .._report import Finding, Report
+from .._report._build import build
 from . import _accum, _amp, _compat, _distributed, _replay, _untilborn
 from ._explain import BACKEND, Namer, _Session, check_callable, check_modules, output_hit
 from ._func import GradCheck
@@ -551,12 +553,63 @@ class guard:
         report.notes.append(ran_twice)
         report.outputs = out
         if report.ok:
-            report.findings.append(unlocated(self._recorded(watched, grads_left)))
-            report.notes.append(
-                "the eager replay of the step did not reproduce the non-finite value "
-                "(nondeterminism, or state the step changes between calls?)"
-            )
+            stale = self._stale_grads(grads_left)
+            if stale:
+                report.findings += stale
+            else:
+                report.findings.append(unlocated(self._recorded(watched, grads_left)))
+                report.notes.append(
+                    "the eager replay of the step did not reproduce the non-finite value "
+                    "(nondeterminism, or state the step changes between calls?)"
+                )
+        for p, g in grads_left:  # the gradients as the step left them (not the replay's)
+            p.grad = g
         raise NonFiniteError(report)
+
+    def _stale_grads(self, grads_left: list) -> list[Finding]:
+        """After a replay that found nothing: the parameters whose ``.grad`` the step left NaN
+        where the replay (which starts from ``.grad = None``) computed a finite value. A
+        backward adds into ``.grad``, and a finite addend never makes a NaN: the NaN was in the
+        ``.grad`` before the step (a step without ``zero_grad``)."""
+        namer = Namer()
+        namer.add_modules(self.modules)
+        found: list[Finding] = []
+        for p, g in grads_left:
+            g = _distributed._local(g) if g is not None else None
+            if g is None or not g.is_floating_point() or not bool(torch.isnan(g).any()):
+                continue
+            r = p.grad
+            r = _distributed._local(r) if r is not None else None
+            nan = torch.isnan(g)
+            if r is not None:
+                if r.shape != g.shape or not bool(torch.isfinite(r[nan]).all()):
+                    continue
+            name = namer.name(p)
+            found.append(
+                build(
+                    Origin(
+                        backend=BACKEND,
+                        op="input",
+                        where=None,
+                        phase="gradient",
+                        result="nan",
+                        entry_id="nonfinite-input",
+                        count=int(nan.sum()),
+                        size=g.numel(),
+                        index=tuple(int(i) for i in nan.nonzero()[0]),
+                        outputs=(output_hit(name, g),),
+                        input=f"{name}.grad",
+                        held="nan",
+                    )
+                )
+            )
+        if found:
+            found[0].explanation += (
+                " Here it was in the .grad before the step: the step's backward added "
+                "finite values into it (its replay, from .grad = None, computed them). "
+                "Clear the gradients each step: optimizer.zero_grad() before the backward."
+            )
+        return found
 
     def _optimizers(self, check: _StepCheck) -> list[Any]:
         opts = list(self.opts)
