@@ -34,6 +34,11 @@ from ._site import locate, parsed
 
 MAX_FINDINGS = 5
 NO_GRADIENT = "certify finds no gradient at this point (the function jumps or leaves its domain)"
+# torch's reference: difference quotients of the original step that grow without settling
+NO_GRADIENT_TORCH = (
+    "the original step's difference quotients do not settle at this point: it has no gradient "
+    "there (the function jumps or leaves its domain)"
+)
 TOO_LARGE = "too large"  # the reference's name when certify and nansafe would cost too much
 RTOL = 2e-4
 ATOL = 1e-6
@@ -445,6 +450,7 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
     grad = _leaves(prog.grad_part(out))
     ref, ref_name = prog.original_reference()
     large = ""  # what stopped the gradient's comparison on a program too large to certify
+    conv = ""  # no true gradient here: the fixed one is a convention (the rest still checked)
     if ref_name == TOO_LARGE:
         fd = None
         if not note:
@@ -461,7 +467,7 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
             return "failed", f"gradient {_show(grad)} differs from {ref_name} {_show(ref)}"
         checked.append(f"gradient {_show(grad)} = {ref_name}")
     elif ref_name == NO_GRADIENT:
-        return "unverified", f"{ref_name}; the fixed gradient {_show(grad)} is a convention"
+        conv = f"the fixed gradient {_show(grad)}"  # the rest is checked, then said
     else:
         fd = None
         if not note:
@@ -492,9 +498,19 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
         if e is not None or not _close(_leaves(o), leaves, rtol=1e-3):
             return "failed", "the fix behaves differently under jax.jit"
         checked.append("under jit too")
+    if conv:
+        return "unverified", convention(NO_GRADIENT, conv, checked)
     if large:
         return "unverified", too_large(prog.size, ", ".join([large, *checked]))
     return "verified", ", ".join(checked)
+
+
+def convention(found: str, gradient: str, checked: list[str]) -> str:
+    """Why a fix that ran is not verified where the original program has no gradient at the
+    failing point (a jump, the edge of its domain): the fixed gradient is a convention there;
+    what was checked of the run is said (both backends)."""
+    text = f"{found}; {gradient} is a convention"
+    return f"{text}; checked: {', '.join(checked)}" if checked else text
 
 
 def _enclosing(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:

@@ -18,7 +18,18 @@ import numpy as np
 from .._report._records import Finding, FixProposal, Report
 from ._edit import apply
 from ._site import locate, parsed
-from ._verify import MAX_FINDINGS, _first_line, _show, function_index, patched_code, swapped
+from ._verify import (
+    MAX_FINDINGS,
+    NO_GRADIENT_TORCH,
+    _first_line,
+    _show,
+    convention,
+    function_index,
+    patched_code,
+    swapped,
+)
+
+NO_LIMIT = "no limit"  # central()'s verdict where the original step has no gradient
 
 
 def _copy(args: tuple, kwargs: dict, double: bool = False) -> tuple[tuple, dict]:
@@ -145,24 +156,48 @@ class _TorchProgram:
             h = 1e-6
             hi, lo = self._value(vs, h), self._value(vs, -h)
             if hi is not None and lo is not None:
-                fd = (hi - lo) / (2 * h)
-                if not self._agrees(grads, vs, fd):
-                    # a piece narrower than h (a clamp at eps = 1e-6): the quotient at h / 100
-                    hi, lo = self._value(vs, h / 100), self._value(vs, -h / 100)
-                    if hi is not None and lo is not None:
-                        fd = (hi - lo) / (2 * h / 100)
+
+                def quotient(h: float, vs: list = vs) -> float | None:
+                    hi, lo = self._value(vs, h), self._value(vs, -h)
+                    return None if hi is None or lo is None else (hi - lo) / (2 * h)
+
+                fd: float | None = (hi - lo) / (2 * h)
             else:
                 for u in ([np.abs(v) for v in vs], [-np.abs(v) for v in vs]):
                     a, b = self._value(u, h), self._value(u, h / 2)
                     if a is not None and b is not None:
                         vs, kind = u, "one-sided differences into the domain"
-                        fd = 2 * ((b - f0) / (h / 2)) - (a - f0) / h
+
+                        def quotient(h: float, vs: list = vs) -> float | None:
+                            a, b = self._value(vs, h), self._value(vs, h / 2)
+                            if a is None or b is None:
+                                return None
+                            return 2 * ((b - f0) / (h / 2)) - (a - f0) / h
+
+                        fd = quotient(h)
                         break
                 else:
                     return None
-            if not self._agrees(grads, vs, fd):
+            assert fd is not None
+            if self._agrees(grads, vs, fd):
+                continue
+            # a piece narrower than h (a clamp at eps = 1e-6): the quotient at h / 100
+            fine = quotient(h / 100)
+            if fine is None:
                 return False
+            if self._agrees(grads, vs, fine):
+                continue
+            if not self._settles(grads, vs, fd, fine):
+                return NO_LIMIT  # a jump or an infinite slope: no gradient to compare with
+            return False
         return kind
+
+    @staticmethod
+    def _settles(grads: list[np.ndarray], vs: list, q: float, fine: float) -> bool:
+        """Whether the difference quotients at h and h / 100 agree: where they do not (one grows
+        like 1 / h at a jump, like log h at x log x), the original step has no derivative."""
+        scale = float(np.sqrt(sum(np.sum(g**2) for g in grads) * sum(np.sum(v**2) for v in vs)))
+        return abs(q - fine) <= 5e-2 * (abs(q) + abs(fine)) + 1e-3 * scale + 1e-5
 
     @staticmethod
     def _agrees(grads: list[np.ndarray], vs: list, fd: float) -> bool:
@@ -231,7 +266,8 @@ def _check(prog: _TorchProgram, p: FixProposal) -> tuple[str, str]:
             f"the fixed gradient {_show(grads)} is finite, but gradsan could not difference "
             "the step to check it"
         )
-    checked.append(f"gradient {_show(grads)} matches {fd} (float64)")
+    if fd != NO_LIMIT:
+        checked.append(f"gradient {_show(grads)} matches {fd} (float64)")
     same = 0
     for vs, (ov, og) in zip(prog.nearby, prog.nearby_out):
         if ov is None or og is None or not np.isfinite(ov):
@@ -251,6 +287,10 @@ def _check(prog: _TorchProgram, p: FixProposal) -> tuple[str, str]:
         same += 1
     if same:
         checked.append(f"same outputs at {same} nearby point{'s' if same > 1 else ''}")
+    if fd == NO_LIMIT:
+        return "unverified", convention(
+            NO_GRADIENT_TORCH, f"the fixed gradient {_show(grads)}", checked
+        )
     return "verified", ", ".join(checked)
 
 
