@@ -319,3 +319,47 @@ def _segment(where: Frame, call: ast.Call, i: int) -> str:
         return ""
     text = ast.get_source_segment("".join(linecache.getlines(where.file)), call.args[i])
     return " ".join((text or "").split())
+
+
+# -- equinox's static fields ----------------------------------------------------------------------
+
+
+def _is_eqx_module(x: Any) -> bool:
+    eqx = sys.modules.get("equinox")
+    module = getattr(eqx, "Module", None) if eqx is not None else None
+    return module is not None and isinstance(x, module)
+
+
+def module_scalars(tree: Any) -> list[bool] | None:
+    """For each leaf of ``tree`` (in ``jax.tree_util.tree_leaves`` order), whether it is a Python
+    number inside an equinox Module (``Dropout.p``, ``inference=False``): equinox's filtered
+    transformations keep such a leaf static, so code branches on it in Python. None when the
+    tree holds no equinox Module (nothing to keep static)."""
+    import jax
+
+    if "equinox" not in sys.modules:
+        return None
+    found = False
+
+    def mark(node: Any) -> Any:
+        nonlocal found
+        if _is_eqx_module(node):
+            found = True
+            return jax.tree_util.tree_map(
+                lambda leaf: isinstance(leaf, (bool, int, float, complex)), node
+            )
+        return False
+
+    marked = jax.tree_util.tree_map(mark, tree, is_leaf=_is_eqx_module)
+    if not found:
+        return None
+    return [bool(m) for m in jax.tree_util.tree_leaves(marked)]
+
+
+def static_fields(keep: list[bool], tree: Any) -> list[bool]:
+    """``keep`` (which leaves of ``tree`` are traced) with equinox's static Python numbers left
+    out, as ``eqx.filter_jit`` leaves them out."""
+    marks = module_scalars(tree)
+    if marks is None or len(marks) != len(keep):
+        return keep
+    return [k and not m for k, m in zip(keep, marks)]
