@@ -268,14 +268,14 @@ def make_wmt_grad(bad=True):
     return jax.value_and_grad(wmt_loss), (params, tokens, targets)
 
 
-# -- 7. gradient-norm logging inside a train step (optax.global_norm of a zero gradient) ----------
+# -- 7. gradient-norm logging inside a train step (optax.tree.norm of a zero gradient) ----------
 # https://github.com/google-deepmind/optax/issues/594 (scale by the gradient norm: g / |g|) and
 # jax-ml/jax#4177: the norm of an all-zero gradient tree.
 
 
 def normalized_gd_loss(w, x):
     g = jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)
-    gnorm = optax.global_norm(g)
+    gnorm = optax.tree.norm(g)
     return jnp.sum(w * g) / gnorm  # L:ngd-div
 
 

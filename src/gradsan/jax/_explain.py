@@ -613,9 +613,13 @@ def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
             )
         if zero_from is None:
             zero_from, constant = node.user_frame, zsrc is None
+    where = node.user_frame
+    if node.backward and node.place is not None and node.place.custom_vjp and where is not None:
+        # met in a custom_vjp backward rule, whose equations carry the call site (P3)
+        where = custom_vjp_rule_frame(where, prim) or where
     return Poison(
         op=prim,
-        where=node.user_frame,
+        where=where,
         form=form,
         backward=node.backward,
         op_class=op_class,
