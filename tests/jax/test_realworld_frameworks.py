@@ -133,3 +133,24 @@ def test_flax_train_step_with_a_typed_prng_key_is_explained():
     fun, args = rn.make_mnist_step()
     report = gsj.explain(fun)(*args)
     assert _one(report, "log-at-zero").where.line == line_of(NETS, "L:mnist-log")
+
+
+def test_guard_on_an_equinox_optax_loop_stops_at_the_padded_batch():
+    import gradsan
+
+    step = gsj.guard(rn.eqx_step)
+    _, (model, opt_state, x, y) = rn.make_eqx_step(bad=False)
+    _, (_, _, x_bad, _) = rn.make_eqx_step(bad=True)
+    for i, xb in enumerate([x, x, x_bad, x]):
+        ref = rn.eqx_step(model, opt_state, xb, y)
+        if i == 2:
+            with pytest.raises(gradsan.NonFiniteError) as info:
+                step(model, opt_state, xb, y)
+            f = _one(info.value.report, "std-of-constant")
+            _at(f, "L:eqx-std", "__call__")
+            return
+        out = step(model, opt_state, xb, y)
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)):
+            np.testing.assert_array_equal(a, b)  # a clean step's outputs are the same
+        model, opt_state, _ = out
+    raise AssertionError("guard did not stop")
