@@ -135,7 +135,7 @@ def nnx_step(model, optimizer, a, b):
 
 def new_nnx_model():
     model = Encoder(nnx.Rngs(0))
-    model.lin.bias.value = jnp.zeros(8)
+    model.lin.bias[...] = jnp.zeros(8)
     return model
 
 

@@ -363,3 +363,58 @@ def static_fields(keep: list[bool], tree: Any) -> list[bool]:
     if marks is None or len(marks) != len(keep):
         return keep
     return [k and not m for k, m in zip(keep, marks)]
+
+
+# -- NNX's in-place updates -----------------------------------------------------------------------
+
+
+def graph_args(fun: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """The names of the NNX objects (modules, optimizers) passed as whole arguments: a call of
+    ``nnx.jit`` / ``nnx.grad`` updates them in place, so their state after the call is an output
+    of the call as much as what it returns. [] when flax.nnx is not imported or none is passed."""
+    nnx = sys.modules.get("flax.nnx")
+    base = (getattr(nnx, "Pytree", None) or getattr(nnx, "Object", None)) if nnx else None
+    if base is None:
+        return []
+    import inspect
+
+    try:
+        target = getattr(fun, "__wrapped__", fun)
+        names = [p.name for p in inspect.signature(target).parameters.values()]
+    except (TypeError, ValueError):
+        names = []
+    found = [
+        names[i] if i < len(names) else f"args[{i}]"
+        for i, a in enumerate(args)
+        if isinstance(a, base)
+    ]
+    return found + [k for k, v in kwargs.items() if isinstance(v, base)]
+
+
+def with_graph_state(fun: Callable) -> Callable:
+    """``fun`` returning ``(its outputs, [each NNX object argument after the call])``: traced on
+    the copies gradsan makes of the arguments, the second part is the state ``fun`` wrote."""
+    nnx = sys.modules["flax.nnx"]
+    base = getattr(nnx, "Pytree", None) or nnx.Object
+
+    @functools.wraps(fun)
+    def with_state(*a: Any, **k: Any) -> Any:
+        out = fun(*a, **k)
+        return out, [v for v in (*a, *k.values()) if isinstance(v, base)]
+
+    return with_state
+
+
+def state_labels(names: list[str], state_shape: Any) -> list[tuple[str, str]]:
+    """(path, kind) of each leaf of the NNX objects' state after the call: ``model.lin.kernel
+    .value (after the call)``."""
+    import jax
+
+    tree = jax.tree_util
+    labels = []
+    for path, _ in tree.tree_flatten_with_path(state_shape)[0]:
+        head, rest = path[0], path[1:]
+        i = getattr(head, "idx", 0)
+        name = names[i] if i < len(names) else f"args[{i}]"
+        labels.append((f"{name}{tree.keystr(tuple(rest))} (after the call)", "output"))
+    return labels
