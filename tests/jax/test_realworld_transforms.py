@@ -138,10 +138,17 @@ def test_beta_logpdf_at_the_boundary():
     assert not any(p.status == "verified" for p in f.fixes)
 
 
+@pytest.mark.slow
 def test_programs_jax_now_handles_are_reported_clean():
     # jax-ml/jax#6811's HMM, #23842's masked logsumexp and a fully masked attention row under
     # remat: this JAX returns finite gradients, and gradsan says nothing about them
-    for make in (rl.make_hmm, rl.make_masked_lse, rl.make_remat_attn, rl.make_smooth_scan):
+    for make in (
+        rl.make_hmm,
+        rl.make_masked_lse,
+        rl.make_remat_attn,
+        rl.make_smooth_scan,
+        rl.make_smooth_lse,
+    ):
         fun, args = make()
         report = gsj.sanitize(fun)(*args)
         assert report.ok and not report.findings, (make.__name__, repr(report))
