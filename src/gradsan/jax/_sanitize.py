@@ -506,6 +506,8 @@ class Injector(DependenceEval):
         self.marks = marks or {}
         self.replace = replace or {}  # key -> [(output, value)]: an index or cast substituted
         self.gradient_only = gradient_only  # sides cut where no gradient flows (integers)
+        self.watch: set = set()  # keys whose inputs' sides are kept (kinks in series)
+        self.inputs: dict[tuple, frozenset] = {}
 
     def _replaced(self, outs: list, key: tuple) -> list:
         for i, v in self.replace.get(key, ()):
@@ -531,6 +533,8 @@ class Injector(DependenceEval):
     def first_order(
         self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
     ) -> tuple[list, list]:
+        if key in self.watch:
+            self.inputs[key] = frozenset().union(*insides)
         outs = self.evaluate(eqn, invals, key)
         if eqn.primitive.name == "stop_gradient":
             sides: list[frozenset] = [frozenset()] * len(outs)
@@ -560,6 +564,8 @@ class Injector(DependenceEval):
         scope: Scope,
         key: tuple,
     ) -> tuple[list, list]:
+        if key in self.watch:
+            self.inputs[key] = frozenset().union(*insides)
         if eqn.primitive.name in CUSTOM_RULE_CALLS:
             outs = _bind(eqn, invals)
             sides = self._flow(invals, insides, outs)
@@ -737,6 +743,37 @@ def _custom_of(k: Kink) -> tuple | None:
     return k.scope.custom_outer
 
 
+def _tap_keys(kind: str, obj: Any) -> list:
+    if kind == "custom":
+        return [obj[0]]
+    return [obj.key] + ([obj.skey] if obj.skey is not None else [])
+
+
+def unit_deltas(kind: str, obj: Any, taps: dict, s: float) -> tuple[Any, list | None]:
+    """(the key its probes are injected at, its one-sided deltas along ``s`` times the
+    direction whose operand tangents are ``taps``); None deltas: not decided so."""
+    if kind == "custom":
+        key, ceqn, cin = obj
+        t = taps.get(key)
+        if t is None:
+            return key, None
+        try:
+            return key, _depends.custom_delta(ceqn, [_np(v) for v in cin], [s * x for x in t])
+        except Exception:  # a rule we cannot evaluate: the finding stays
+            return key, None
+    key = obj.key if obj.op != "where" else obj.skey
+    t = taps.get(obj.key)
+    st = taps.get(obj.skey) if obj.skey is not None else None
+    if t is None or key is None:
+        return key, None
+    try:
+        return key, _depends.one_sided(
+            obj, [s * x for x in t], None if st is None else [s * x for x in st]
+        )
+    except Exception:  # an operand we cannot read: the finding stays
+        return key, None
+
+
 def depending_kinks(
     closed: Any,
     flat_args: list,
@@ -780,30 +817,7 @@ def depending_kinks(
         for j, taps in enumerate(per_dir):
             for s in (1.0, -1.0):
                 combo = 2 * j + (0 if s > 0 else 1)
-                if kind == "custom":
-                    key, ceqn, cin = obj
-                    cin = [_np(v) for v in cin]
-                    t = taps.get(key)
-                    if t is None:
-                        undecided.add(c)
-                        continue
-                    try:
-                        res = _depends.custom_delta(ceqn, cin, [s * x for x in t])
-                    except Exception:  # a rule we cannot evaluate: the finding stays
-                        res = None
-                else:
-                    key = obj.key if obj.op != "where" else obj.skey
-                    t = taps.get(obj.key)
-                    st = taps.get(obj.skey) if obj.skey is not None else None
-                    if t is None or key is None:
-                        undecided.add(c)
-                        continue
-                    try:
-                        res = _depends.one_sided(
-                            obj, [s * x for x in t], None if st is None else [s * x for x in st]
-                        )
-                    except Exception:  # an operand we cannot read: the finding stays
-                        res = None
+                key, res = unit_deltas(kind, obj, taps, s)
                 if res is None:
                     undecided.add(c)
                     continue
@@ -824,17 +838,33 @@ def depending_kinks(
         for key, _, _ in items:
             marks[key] = marks.get(key, frozenset()) | {c}
     reach: list[frozenset] = []
+    seen: list[dict] = []  # key -> the candidates reaching its operands
 
     def run(table: dict, eps: Any) -> Any:
-        outs, osides = Injector(table, eps, marks).run_closed(closed, flat_args, sides)
+        inj = Injector(table, eps, marks)
+        inj.watch = want
+        outs, osides = inj.run_closed(closed, flat_args, sides)
         if not reach:
             reach.append(frozenset().union(*[x for o, x in zip(outs, osides) if is_float(o)]))
+            seen.append(inj.inputs)
         return outs
 
     jac = _depends.images(closed, flat_args, live, run) if live else np.zeros((0, 0))
     allp = live + [p for p in probes if id(p) not in live_ids]
     full = np.zeros((jac.shape[0], 2 * len(allp)))
     full[:, : jac.shape[1]] = jac
+    if len(units) > 1 and dirs:  # kinks in series: again with the others at one-sided choices
+        from . import _series
+
+        if not reach:
+            run({}, jnp.zeros((0,), jnp.float32))
+        if _series.in_series(units, seen[0] if seen else {}, _tap_keys):
+            sp, sj = _series.probes(closed, flat_args, units, undecided, dirs, want, marks)
+            if sp:
+                if full.shape[0] != sj.shape[0]:
+                    full = np.zeros((sj.shape[0], full.shape[1]))
+                full = np.concatenate([full, sj], axis=1)
+                allp = allp + sp
     verdicts = _depends.verdicts(full, allp, len(units), undecided)
     # a jump times a value that vanishes at the point (sign(x) * x) is a kink its value image
     # does not show; kinks undone together (ELU's two selects) show in no one-sided derivative
