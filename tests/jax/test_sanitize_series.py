@@ -53,7 +53,7 @@ CASES = {
     "relu-relu": (relu_relu, jnp.zeros(2), {"rr-inner": True, "rr-outer": True}, (0.0, 1.0), 0.0),
     # |relu(x)| = relu(x): relu moves only to y >= 0, where abs's slope is 1 = JAX's abs'(0):
     # abs's choice changes nothing along any direction; relu's does
-    "abs-relu": (abs_relu, jnp.zeros(2), {"ar-relu": True, "ar-abs": False}, (0.0, 1.0), 1.0),
+    "abs-relu": (abs_relu, jnp.zeros(2), {"ar-relu": True, "ar-abs": False}, (0.0, 1.0), 0.0),
     # where(where(x > 0, x, 0) > 0, 2y, 0) = 2 relu(x): slopes 0 | 2, JAX's 0
     "where-where": (
         where_where,
@@ -104,13 +104,8 @@ def test_kinks_in_series(name):
         assert (line_of(marker) in got) == flagged, (marker, r.findings, r.notes)
     assert got <= {line_of(m) for m in want}
     np.testing.assert_array_equal(np.asarray(r.outputs), np.asarray(jax.grad(fun)(x)))
+    if name in NOTES:  # why the kink left out was left out
+        assert any(NOTES[name] in n for n in r.notes), r.notes
 
 
-def test_earlier_kink_counted_says_why():
-    r = gsj.sanitize(jax.grad(clamp_relu))(jnp.array([0.0, 1.0]))
-    assert any("no effect on the output" in n for n in r.notes), r.notes
-
-
-def test_undone_kinks_say_so():
-    r = gsj.sanitize(jax.grad(min_relu))(jnp.zeros(2))
-    assert any("one-sided derivatives equal to AD's" in n for n in r.notes), r.notes
+NOTES = {"clamp-relu": "no effect on the output", "min-relu": "one-sided derivatives equal to AD's"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -614,11 +615,64 @@ def jacobian_of(fun: Any) -> tuple[Callable, Any] | None:
     return None
 
 
+def equinox_of(fun: Any) -> tuple[str, Callable, bool] | None:
+    """(kind, g, has_aux) when ``fun`` is equinox's ``filter_grad(g)`` /
+    ``filter_value_and_grad(g)`` (kind "grad") or ``filter_jacfwd(g)`` / ``filter_jacrev(g)``
+    (kind "jac"; ``filter_hessian(f)`` is ``filter_jacfwd(filter_jacrev(f))``), looked up
+    through ``__wrapped__`` (``eqx.filter_jit``); recognised by equinox's wrapper classes
+    (only when equinox is imported), None otherwise. Each differentiates its first argument."""
+    ad = sys.modules.get("equinox._ad")
+    if ad is None:
+        return None
+    kinds = {
+        getattr(ad, "_GradWrapper", None): "grad",
+        getattr(ad, "_ValueAndGradWrapper", None): "value_and_grad",
+        getattr(ad, "_Jac", None): "jac",
+    }
+    kinds.pop(None, None)
+    seen = 0
+    while callable(fun) and seen < 8:
+        kind = kinds.get(type(fun))
+        try:
+            if kind == "grad":
+                return "grad", fun._fun_value_and_grad._fun, bool(fun._has_aux)
+            if kind == "value_and_grad":
+                return "grad", fun._fun, bool(fun._has_aux)
+            if kind == "jac":
+                return "jac", fun.fun, bool(fun.has_aux)
+        except AttributeError:  # an equinox whose wrappers differ: recognise nothing
+            return None
+        nxt = getattr(fun, "__wrapped__", None)
+        if nxt is None or nxt is fun:
+            return None
+        fun, seen = nxt, seen + 1
+    return None
+
+
+def jacobian_name(target: Any) -> str | None:
+    """ "the Jacobian of f" when ``target`` is ``jax.jacrev(f)`` / ``eqx.filter_jacrev(f)``."""
+    if getattr(target, "__code__", None) in (_JAC_CODES or ()):
+        return f"the Jacobian of {getattr(target, '__name__', 'function')}"
+    eqx = equinox_of(target)
+    if eqx is not None and eqx[0] == "jac":
+        return f"the Jacobian of {getattr(eqx[1], '__name__', 'function')}"
+    return None
+
+
 def differentiated(fun: Callable, nums: tuple | None) -> tuple[Callable, tuple | None]:
     """The function whose gradient a kink can change, and the arguments it is taken with
     respect to: ``f`` for ``jax.grad(f)`` / ``jax.value_and_grad(f)`` (its first output with
     ``has_aux``), ``g`` for ``jax.jacfwd(g)`` / ``jax.jacrev(g)`` (``jax.jacrev(f)`` for
-    ``jax.hessian(f)``), else ``fun`` itself."""
+    ``jax.hessian(f)``), the same for equinox's filter_grad / filter_value_and_grad /
+    filter_jacfwd / filter_jacrev / filter_hessian (their first argument), else ``fun``."""
+    eqx = equinox_of(fun)
+    if eqx is not None:
+        kind, g, aux = eqx
+        if kind == "jac" and aux:
+            return fun, nums  # the Jacobian of a function with aux: not unpicked here
+        if aux:
+            return (lambda *a, **kw: g(*a, **kw)[0]), (0,)
+        return g, (0,)
     jac = jacobian_of(fun)  # before grad_info, which looks through jacfwd(jax.grad(f))
     if jac is not None:
         g, argnums = jac
@@ -717,9 +771,7 @@ def kink_report(
         if found and directions > 0 and target is not fun:
             # the function differentiated runs a backward pass (jax.hessian(f) differentiates
             # jax.jacrev(f)): its derivative is AD's where it is differentiable at the point
-            tname = getattr(target, "__name__", "function")
-            if getattr(target, "__code__", None) in (_JAC_CODES or ()):
-                tname = f"the Jacobian of {tname}"
+            tname = jacobian_name(target) or getattr(target, "__name__", "function")
             dirs = random_directions(flat_args, owner, tnums, directions)
             verdict = _depends.inner_smooth(closed, flat_args, dirs)
             if verdict == "smooth":
