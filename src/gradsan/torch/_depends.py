@@ -170,6 +170,7 @@ class Checker:
         self.cmps: dict[int, tuple[weakref.ref, str, Any, Any]] = {}
         self.probing = False
         self.series = _series.Series(self, DIRECTIONS)  # kinks in series (one-sided choices)
+        self.pinned_series: dict[int, dict[int, list[np.ndarray]]] = {}
         # an in-place kink call's operand, copied before the call (torch/_sanitize.py's
         # pre_call): id of the copy -> (the copy, its tangents read before the call)
         self.pinned: dict[int, tuple[torch.Tensor, list[np.ndarray]]] = {}
@@ -203,7 +204,7 @@ class Checker:
         pinned copy's were read before an in-place call overwrote its original)."""
         pins = {id(v): self.pinned[id(v)][1] for v in values if id(v) in self.pinned}
         if self.series.variant is not None:
-            return None if pins else self._series_tangents(values, self.series.variant)
+            return self._series_pinned(values, self.series.variant)
         if pins:
             rest = [v for v in values if id(v) not in pins]
             if any(_grad_tensor(v) for v in rest):
@@ -281,14 +282,46 @@ class Checker:
             res.append(got)
         return res
 
+    def _series_pinned(self, values: list[Any], v: int) -> list[list[np.ndarray]] | None:
+        """:meth:`_series_tangents`, a pinned copy's read before its in-place call."""
+        pins = {id(x): self.pinned_series.get(id(x)) for x in values if id(x) in self.pinned}
+        if not pins:
+            return self._series_tangents(values, v)
+        if any(p is None or v not in p for p in pins.values()):
+            return None
+        rest = [x for x in values if id(x) not in pins]
+        if any(_grad_tensor(x) for x in rest):
+            rows = self._series_tangents(rest, v)
+        else:
+            rows = [[np.zeros(np.shape(_np(x))) for x in rest] for _ in self.series.cols]
+        if rows is None:
+            return None
+        res = []
+        for n, row in enumerate(rows):
+            it = iter(row)
+            res.append([pins[id(x)][v][n] if id(x) in pins else next(it) for x in values])  # type: ignore[index]
+        return res
+
     def pin(self, x: torch.Tensor) -> torch.Tensor | None:
         """A copy of ``x`` with its tangents, read now: before an in-place call overwrites
-        it (None: no tangent to read)."""
+        it (None: no tangent to read); with the kinks in series, its one-sided ones too."""
         tans = self.tangents([x])
         if tans is None:
             return None
         copy = x.detach().clone().requires_grad_(True)
         self.pinned[id(copy)] = (copy, [row[0] for row in tans])
+        if self.series.active():
+            got: dict[int, list[np.ndarray]] = {}
+            try:
+                for v in self.series.variants():
+                    rows = self._series_tangents([x], v)
+                    if rows is None:
+                        break
+                    got[v] = [row[0] for row in rows]
+                else:
+                    self.pinned_series[id(copy)] = got
+            except Exception:  # a graph without double backward: read as unpinned
+                pass
         return copy
 
     def watch(self, out: torch.Tensor, check: Check) -> None:
@@ -335,8 +368,6 @@ class Checker:
     ) -> int | None:
         """Its one-sided corrections for the kinks after it (:mod:`gradsan.torch._series`)."""
         ser = self.series
-        if any(id(a) in self.pinned for a in args if isinstance(a, torch.Tensor)):
-            return None  # an in-place call's operand, read before the call
         if not ser.active():  # no kink before it: its corrections are its deltas
             corr = _series._corrections(deltas, DIRECTIONS, len(ser.cols), tuple(fout.shape))
             return ser.link(fout, {0: corr})

@@ -419,6 +419,7 @@ class _KinkTracer(_EagerTracer):
                 self._record(tag, nm, operands, params, args, kw, out)
             finally:
                 self.checker.pinned.pop(id(args[0]), None)
+                self.checker.pinned_series.pop(id(args[0]), None)
             return
         self._record(tag, nm, operands, params, args, kwargs, out)
 

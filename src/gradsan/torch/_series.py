@@ -68,6 +68,10 @@ class Series:
     def active(self) -> bool:
         return bool(self.links)
 
+    def variants(self) -> list[int]:
+        """Every kink one-sided (0), and each linked kink's own."""
+        return [0] + [lk.vid for lk in self.links if lk.vid is not None]
+
     def _corr(self, link: Link, v: int) -> list[np.ndarray | None]:
         if v == link.vid or v == AD:
             return [None] * len(self.cols)
@@ -112,7 +116,7 @@ class Series:
     def at_kink(self, deltas_of: Any, fout: torch.Tensor) -> int | None:
         """Its one-sided corrections in every variant (``deltas_of()`` runs the kink's delta
         computation; its tangents come from :meth:`rows`); its own variant id, or None."""
-        variants = [0] + [lk.vid for lk in self.links if lk.vid is not None]
+        variants = self.variants()
         corr: dict[int, list[np.ndarray | None]] = {}
         for v in variants:
             self.variant = v
@@ -151,7 +155,7 @@ class Series:
             return
         gmap = {id(r): g for r, g in zip(roots, grads)}
         got: dict[int, list[float]] = {}
-        variants = [AD, 0] + [lk.vid for lk in self.links if lk.vid is not None]
+        variants = [AD] + self.variants()
         try:
             with torch.enable_grad():
                 for v in variants:
