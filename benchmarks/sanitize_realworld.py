@@ -1243,7 +1243,8 @@ def _tvgg(x):
     "torch",
     "kink",
     "torchvision.models.vgg features (ReLU(inplace=True) then MaxPool2d): every window ties at "
-    "0; the relu's choice reaches the loss through the pool's chosen element",
+    "0; the relu's choice reaches the loss through the pool's chosen element (caught on main "
+    "too: a guard)",
     "relu-at-zero",
     "t-vgg",
 )
@@ -1270,10 +1271,9 @@ def _tmlp_blank(x):
     layers = [torch.nn.Linear(4, 4) for _ in range(3)]
     for m in layers:
         torch.nn.init.zeros_(m.bias)
-    h = x
-    for m in layers:
-        h = torch.relu(m(h))  # L:t-mlp-blank
-    return h.sum()
+    h = torch.relu(layers[0](x))  # L:t-mlp-blank
+    h = torch.relu(layers[1](h))
+    return torch.relu(layers[2](h)).sum()
 
 
 @program(
@@ -1281,8 +1281,8 @@ def _tmlp_blank(x):
     "torch",
     "kink",
     "a padded (all-zero) batch row through nn.Linear layers with zero-initialized biases "
-    "(the nn.init.zeros_ bias init of many examples): every layer's relu at 0, in series; on "
-    "main no finding (each blocked by the next one's 0)",
+    "(the nn.init.zeros_ bias init of many examples): every layer's relu at 0, in series; the "
+    "first layer's (marked) was counted on main, blocked by the next one's 0",
     "relu-at-zero",
     "t-mlp-blank",
 )
@@ -1312,7 +1312,7 @@ def jax_w8():
     "jax",
     "kink",
     "flax.linen Conv (zero bias init), nn.relu, nn.max_pool as in VGG-style flax CNNs: every "
-    "window ties at 0",
+    "window ties at 0 (caught on main too: a guard)",
     "relu-at-zero",
     "jax-vgg",
 )
@@ -1338,10 +1338,10 @@ def _():
 def _jmlp_blank(params, x):
     import jax
 
-    h = x
-    for w, b in params:
-        h = jax.nn.relu(h @ w + b)  # L:jax-mlp-blank
-    return h.sum()
+    (w1, b1), (w2, b2), (w3, b3) = params
+    h = jax.nn.relu(x @ w1 + b1)  # L:jax-mlp-blank
+    h = jax.nn.relu(h @ w2 + b2)
+    return jax.nn.relu(h @ w3 + b3).sum()
 
 
 @program(
@@ -1349,7 +1349,8 @@ def _jmlp_blank(params, x):
     "jax",
     "kink",
     "a padded (all-zero) batch row through dense layers with zero biases (flax/haiku's default "
-    "zeros bias init): every relu at 0, in series; on main no finding",
+    "zeros bias init): every relu at 0, in series; the first layer's (marked) was counted on "
+    "main, blocked by the next one's 0",
     "relu-at-zero",
     "jax-mlp-blank",
 )
@@ -1364,7 +1365,9 @@ def _eqx_mlp(act):
     import equinox as eqx
     import jax
 
-    return eqx.nn.MLP(3, 1, 8, 2, activation=act, key=jax.random.PRNGKey(0))
+    return eqx.nn.MLP(
+        3, 1, 8, 2, activation=act, use_bias=False, use_final_bias=False, key=jax.random.PRNGKey(0)
+    )
 
 
 def _eqx_loss(model, x):
@@ -1377,8 +1380,8 @@ def _eqx_loss(model, x):
     "eqx.filter_grad of a softplus MLP, zero input",
     "jax",
     "clean",
-    "equinox docs (eqx.nn.MLP, eqx.filter_grad); softplus's inner max and abs at 0 were "
-    "listed unchecked on main",
+    "equinox docs (eqx.nn.MLP without biases, eqx.filter_grad): every pre-activation 0, "
+    "softplus's inner max and abs at 0 were listed unchecked on main",
 )
 def _():
     import equinox as eqx
