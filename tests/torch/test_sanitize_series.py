@@ -42,6 +42,11 @@ def min_relu(x):
     return torch.minimum(y, torch.zeros(2)).sum()  # mr-min
 
 
+def inplace_chain(x):
+    y = F.relu(x * 1.0, inplace=True)  # ip-first
+    return F.relu(2 * y, inplace=True).sum()  # ip-second
+
+
 def deep_blank(x):
     for _ in range(4):
         x = torch.relu(x @ (torch.eye(3) * 0.9 + 0.05))  # db-relu
@@ -77,6 +82,15 @@ CASES = {
     ),
     # max(relu(x), 0) = relu(x): slopes 0 | 1; PyTorch's maximum splits the tie (0.5)
     "relu-max": (relu_max, torch.zeros(2), {"rm-relu": True, "rm-max": True}, (0.0, 1.0), 0.0),
+    # 2 relu(x) through two in-place relus (ReLU(inplace=True) as torchvision writes it): both
+    # read before their call, both flagged (on main: neither)
+    "inplace-chain": (
+        inplace_chain,
+        torch.zeros(2),
+        {"ip-first": True, "ip-second": True},
+        (0.0, 2.0),
+        0.0,
+    ),
     # min(relu(x), 0) = 0 everywhere: the kinks undo each other (0 | 0, PyTorch's 0); on main
     # relu was flagged
     "min-relu": (min_relu, torch.zeros(2), {"mr-relu": False, "mr-min": False}, (0.0, 0.0), 0.0),
@@ -139,3 +153,14 @@ def test_relu_before_maxpool_tie():
 
     r, _ = _run(f, torch.zeros(1, 1, 2, 2))
     assert [f.where.line for f in r.findings if f.kind == "kink"] == [line_of("mp-relu")]
+
+
+def test_more_kinks_in_series_than_checked_say_so():
+    def tower(x):
+        for _ in range(10):
+            x = torch.relu(x)  # tw-relu
+        return x.sum()
+
+    r, _ = _run(tower, torch.zeros(1))
+    assert [f.where.line for f in r.findings if f.kind == "kink"] == [line_of("tw-relu")]
+    assert any("after the first 8 in series" in n for n in r.notes), r.notes
