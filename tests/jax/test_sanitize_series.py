@@ -109,3 +109,16 @@ def test_kinks_in_series(name):
 
 
 NOTES = {"clamp-relu": "no effect on the output", "min-relu": "one-sided derivatives equal to AD's"}
+
+
+def test_a_failed_one_sided_pass_is_said(monkeypatch):
+    from gradsan.jax import _series
+
+    def fail(*a, **k):
+        raise RuntimeError("not here")
+
+    monkeypatch.setattr(_series, "probes", fail)
+    r = gsj.sanitize(jax.grad(relu_relu))(jnp.zeros(2))
+    assert any(
+        "kinks in series were checked with the others at JAX's choice only" in n for n in r.notes
+    )

@@ -249,6 +249,7 @@ class KinkEval(DependenceEval):
         self.cmp_kinks: list[Kink] = []  # every comparison with equality (for subgradient)
         self.calls_with_kinks: set[tuple] = set()
         self._open_calls: list[tuple] = []
+        self.series_unchecked = False  # the kinks-in-series pass failed (jax/_series.py)
 
     def call(
         self,
@@ -733,6 +734,10 @@ INNER_NONSMOOTH_NOTE = {
     "kink": "{fn} (it runs its own backward pass) has one-sided derivatives at the point that "
     "differ from AD's along a random direction: the derivative taken of it is a convention",
 }
+SERIES_NOTE = (
+    "kinks in series were checked with the others at JAX's choice only: the pass with every "
+    "kink at its one-sided choice could not run on this program"
+)
 UNCHECKED_NOTE = (
     "{fn} runs its own backward pass: its kinks are listed without checking whether its "
     "gradient depends on them (its outputs may be a derivative of a gradient that jumps, as "
@@ -788,6 +793,8 @@ def kink_report(
     if n:
         why = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         notes.append(CHECKED_NOTE.format(n=n, why=why))
+    if ev.series_unchecked:
+        notes.append(SERIES_NOTE)
     return found, notes
 
 
@@ -911,7 +918,11 @@ def depending_kinks(
         if not reach:
             run({}, jnp.zeros((0,), jnp.float32))
         if _series.in_series(units, seen[0] if seen else {}, _tap_keys):
-            sp, sj = _series.probes(closed, flat_args, units, undecided, dirs, want, marks)
+            try:
+                sp, sj = _series.probes(closed, flat_args, units, undecided, dirs, want, marks)
+            except Exception:  # a program the one-sided pass cannot take: said in one line
+                sp, sj = [], np.zeros((0, 0))
+                ev.series_unchecked = True
             if sp:
                 if full.shape[0] != sj.shape[0]:
                     full = np.zeros((sj.shape[0], full.shape[1]))
