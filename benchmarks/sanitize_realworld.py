@@ -1002,11 +1002,12 @@ class _BasicBlock:
 
     def __call__(self, x):
         identity = x
-        out = self.relu(self.bn1(self.conv1(x)))
+        # at 0 too: its choice reaches the loss through the second relu, whose PyTorch's 0
+        # blocks it; with the second relu on the side it moves to (slope 1) it is the
+        # gradient: flagged since session 15 (counted before)
+        out = self.relu(self.bn1(self.conv1(x)))  # L:t-basicblock-1
         out = self.bn2(self.conv2(out))
         out += identity
-        # at 0 too, the first relu's choice reaches the loss only through this one, whose
-        # derivative at 0 is PyTorch's 0: it is counted, this one flagged
         return self.relu(out)  # L:t-basicblock
 
 
@@ -1201,6 +1202,228 @@ def _():
     torch, _ = _t()
     w = _R([2.0, -0.5, 0.25])
     return _tsan(lambda: ((w * 1.0).clamp_(0.0, 1.0) - 0.5).pow(2).sum())
+
+
+@program(
+    "ResNet BasicBlock, blank image: first relu",
+    "torch",
+    "kink",
+    "torchvision resnet BasicBlock: the first ReLU(inplace=True), in series with the second",
+    "relu-at-zero",
+    "t-basicblock-1",
+)
+def _():
+    torch, _ = _t()
+    return _tblock(torch.zeros(2, 2, 4, 4, requires_grad=True))
+
+
+# ---- session 15: kinks in series, equinox's differentiation wrappers ------------------------
+
+
+def _tvgg(x):
+    """torchvision.models.vgg's features block: Conv2d(padding=1), ReLU(inplace=True),
+    MaxPool2d(2, 2), then the classifier's Linear."""
+    torch, _ = _t()
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(1, 2, 3, padding=1)
+    torch.nn.init.zeros_(conv.bias)  # as torchvision's VGG init (constant_(m.bias, 0))
+    relu = torch.nn.ReLU(inplace=True)
+    pool = torch.nn.MaxPool2d(2, 2)
+    fc = torch.nn.Linear(8, 1)
+
+    def loss():
+        h = relu(conv(x))  # L:t-vgg
+        return fc(pool(h).flatten()).sum()
+
+    return _tsan(loss)
+
+
+@program(
+    "VGG conv-ReLU-MaxPool, blank image",
+    "torch",
+    "kink",
+    "torchvision.models.vgg features (ReLU(inplace=True) then MaxPool2d): every window ties at "
+    "0; the relu's choice reaches the loss through the pool's chosen element (caught on main "
+    "too: a guard)",
+    "relu-at-zero",
+    "t-vgg",
+)
+def _():
+    torch, _ = _t()
+    return _tvgg(torch.zeros(1, 1, 4, 4))
+
+
+@program(
+    "VGG conv-ReLU-MaxPool, random image",
+    "torch",
+    "clean",
+    "torchvision.models.vgg features on a random image",
+)
+def _():
+    torch, _ = _t()
+    torch.manual_seed(3)
+    return _tvgg(torch.randn(1, 1, 4, 4))
+
+
+def _tmlp_blank(x):
+    torch, _ = _t()
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(4, 4) for _ in range(3)]
+    for m in layers:
+        torch.nn.init.zeros_(m.bias)
+    h = torch.relu(layers[0](x))  # L:t-mlp-blank
+    h = torch.relu(layers[1](h))
+    return torch.relu(layers[2](h)).sum()
+
+
+@program(
+    "MLP with zero biases, all-zero rows",
+    "torch",
+    "kink",
+    "a padded (all-zero) batch row through nn.Linear layers with zero-initialized biases "
+    "(the nn.init.zeros_ bias init of many examples): every layer's relu at 0, in series; the "
+    "first layer's (marked) was counted on main, blocked by the next one's 0",
+    "relu-at-zero",
+    "t-mlp-blank",
+)
+def _():
+    torch, _ = _t()
+    x = torch.zeros(2, 4, requires_grad=True)
+    return _tsan(lambda: _tmlp_blank(x))
+
+
+def _jvgg(params, x):
+    import flax.linen as nn
+
+    h = nn.Conv(2, (3, 3), padding="SAME").apply(params, x)
+    h = nn.relu(h)  # L:jax-vgg
+    h = nn.max_pool(h, (2, 2), strides=(2, 2))
+    return (h.reshape(-1) * jax_w8()).sum()
+
+
+def jax_w8():
+    import jax.numpy as jnp
+
+    return jnp.linspace(0.5, 2.0, 8)
+
+
+@program(
+    "flax conv-relu-max_pool, blank image",
+    "jax",
+    "kink",
+    "flax.linen Conv (zero bias init), nn.relu, nn.max_pool as in VGG-style flax CNNs: every "
+    "window ties at 0 (caught on main too: a guard)",
+    "relu-at-zero",
+    "jax-vgg",
+)
+def _():
+    import flax.linen as nn
+
+    jax, jnp, gsj = _jax()
+    x = jnp.zeros((1, 4, 4, 1))
+    params = nn.Conv(2, (3, 3), padding="SAME").init(jax.random.PRNGKey(0), x)
+    return gsj.sanitize(jax.grad(_jvgg))(params, x)
+
+
+@program("flax conv-relu-max_pool, random image", "jax", "clean", "the same CNN, random image")
+def _():
+    import flax.linen as nn
+
+    jax, jnp, gsj = _jax()
+    x = jax.random.normal(jax.random.PRNGKey(4), (1, 4, 4, 1))
+    params = nn.Conv(2, (3, 3), padding="SAME").init(jax.random.PRNGKey(0), x)
+    return gsj.sanitize(jax.grad(_jvgg))(params, x)
+
+
+def _jmlp_blank(params, x):
+    import jax
+
+    (w1, b1), (w2, b2), (w3, b3) = params
+    h = jax.nn.relu(x @ w1 + b1)  # L:jax-mlp-blank
+    h = jax.nn.relu(h @ w2 + b2)
+    return jax.nn.relu(h @ w3 + b3).sum()
+
+
+@program(
+    "MLP with zero biases, all-zero rows",
+    "jax",
+    "kink",
+    "a padded (all-zero) batch row through dense layers with zero biases (flax/haiku's default "
+    "zeros bias init): every relu at 0, in series; the first layer's (marked) was counted on "
+    "main, blocked by the next one's 0",
+    "relu-at-zero",
+    "jax-mlp-blank",
+)
+def _():
+    jax, jnp, gsj = _jax()
+    ks = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = [(jax.random.normal(k, (4, 4)) * 0.5, jnp.zeros(4)) for k in ks]
+    return gsj.sanitize(jax.grad(_jmlp_blank))(params, jnp.zeros((2, 4)))
+
+
+def _eqx_mlp(act):
+    import equinox as eqx
+    import jax
+
+    return eqx.nn.MLP(
+        3, 1, 8, 2, activation=act, use_bias=False, use_final_bias=False, key=jax.random.PRNGKey(0)
+    )
+
+
+def _eqx_loss(model, x):
+    import jax
+
+    return jax.vmap(model)(x).sum()  # L:jax-eqx-mlp
+
+
+@program(
+    "eqx.filter_grad of a softplus MLP, zero input",
+    "jax",
+    "clean",
+    "equinox docs (eqx.nn.MLP without biases, eqx.filter_grad): every pre-activation 0, "
+    "softplus's inner max and abs at 0 were listed unchecked on main",
+)
+def _():
+    import equinox as eqx
+
+    jax, jnp, gsj = _jax()
+    model = _eqx_mlp(jax.nn.softplus)
+    return gsj.sanitize(eqx.filter_grad(_eqx_loss))(model, jnp.zeros((2, 3)))
+
+
+@program(
+    "eqx.filter_hessian of a softplus loss at 0",
+    "jax",
+    "clean",
+    "equinox eqx.filter_hessian (the Hessian of a smooth loss exists)",
+)
+def _():
+    import equinox as eqx
+
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(eqx.filter_hessian(lambda x: jnp.sum(jax.nn.softplus(x))))(jnp.zeros(3))
+
+
+def _eqx_relu(x):
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.sum(jax.nn.relu(x) ** 2) + jnp.sum(jax.nn.relu(x))  # L:jax-eqx-hess
+
+
+@program(
+    "eqx.filter_hessian of a relu loss at 0",
+    "jax",
+    "kink",
+    "equinox eqx.filter_hessian: relu' jumps at 0, no Hessian there",
+    "relu-at-zero",
+    "jax-eqx-hess",
+)
+def _():
+    import equinox as eqx
+
+    jax, jnp, gsj = _jax()
+    return gsj.sanitize(eqx.filter_hessian(_eqx_relu))(jnp.zeros(3))
 
 
 # ---- the run --------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -248,6 +249,7 @@ class KinkEval(DependenceEval):
         self.cmp_kinks: list[Kink] = []  # every comparison with equality (for subgradient)
         self.calls_with_kinks: set[tuple] = set()
         self._open_calls: list[tuple] = []
+        self.series_unchecked = False  # the kinks-in-series pass failed (jax/_series.py)
 
     def call(
         self,
@@ -506,6 +508,8 @@ class Injector(DependenceEval):
         self.marks = marks or {}
         self.replace = replace or {}  # key -> [(output, value)]: an index or cast substituted
         self.gradient_only = gradient_only  # sides cut where no gradient flows (integers)
+        self.watch: set = set()  # keys whose inputs' sides are kept (kinks in series)
+        self.inputs: dict[tuple, frozenset] = {}
 
     def _replaced(self, outs: list, key: tuple) -> list:
         for i, v in self.replace.get(key, ()):
@@ -531,6 +535,8 @@ class Injector(DependenceEval):
     def first_order(
         self, eqn: Any, invals: list, insides: list, scope: Scope, key: tuple
     ) -> tuple[list, list]:
+        if key in self.watch:
+            self.inputs[key] = frozenset().union(*insides)
         outs = self.evaluate(eqn, invals, key)
         if eqn.primitive.name == "stop_gradient":
             sides: list[frozenset] = [frozenset()] * len(outs)
@@ -560,6 +566,8 @@ class Injector(DependenceEval):
         scope: Scope,
         key: tuple,
     ) -> tuple[list, list]:
+        if key in self.watch:
+            self.inputs[key] = frozenset().union(*insides)
         if eqn.primitive.name in CUSTOM_RULE_CALLS:
             outs = _bind(eqn, invals)
             sides = self._flow(invals, insides, outs)
@@ -608,11 +616,64 @@ def jacobian_of(fun: Any) -> tuple[Callable, Any] | None:
     return None
 
 
+def equinox_of(fun: Any) -> tuple[str, Callable, bool] | None:
+    """(kind, g, has_aux) when ``fun`` is equinox's ``filter_grad(g)`` /
+    ``filter_value_and_grad(g)`` (kind "grad") or ``filter_jacfwd(g)`` / ``filter_jacrev(g)``
+    (kind "jac"; ``filter_hessian(f)`` is ``filter_jacfwd(filter_jacrev(f))``), looked up
+    through ``__wrapped__`` (``eqx.filter_jit``); recognised by equinox's wrapper classes
+    (only when equinox is imported), None otherwise. Each differentiates its first argument."""
+    ad = sys.modules.get("equinox._ad")
+    if ad is None:
+        return None
+    kinds = {
+        getattr(ad, "_GradWrapper", None): "grad",
+        getattr(ad, "_ValueAndGradWrapper", None): "value_and_grad",
+        getattr(ad, "_Jac", None): "jac",
+    }
+    kinds.pop(None, None)
+    seen = 0
+    while callable(fun) and seen < 8:
+        kind = kinds.get(type(fun))
+        try:
+            if kind == "grad":
+                return "grad", fun._fun_value_and_grad._fun, bool(fun._has_aux)
+            if kind == "value_and_grad":
+                return "grad", fun._fun, bool(fun._has_aux)
+            if kind == "jac":
+                return "jac", fun.fun, bool(fun.has_aux)
+        except AttributeError:  # an equinox whose wrappers differ: recognise nothing
+            return None
+        nxt = getattr(fun, "__wrapped__", None)
+        if nxt is None or nxt is fun:
+            return None
+        fun, seen = nxt, seen + 1
+    return None
+
+
+def jacobian_name(target: Any) -> str | None:
+    """ "the Jacobian of f" when ``target`` is ``jax.jacrev(f)`` / ``eqx.filter_jacrev(f)``."""
+    if getattr(target, "__code__", None) in (_JAC_CODES or ()):
+        return f"the Jacobian of {getattr(target, '__name__', 'function')}"
+    eqx = equinox_of(target)
+    if eqx is not None and eqx[0] == "jac":
+        return f"the Jacobian of {getattr(eqx[1], '__name__', 'function')}"
+    return None
+
+
 def differentiated(fun: Callable, nums: tuple | None) -> tuple[Callable, tuple | None]:
     """The function whose gradient a kink can change, and the arguments it is taken with
     respect to: ``f`` for ``jax.grad(f)`` / ``jax.value_and_grad(f)`` (its first output with
     ``has_aux``), ``g`` for ``jax.jacfwd(g)`` / ``jax.jacrev(g)`` (``jax.jacrev(f)`` for
-    ``jax.hessian(f)``), else ``fun`` itself."""
+    ``jax.hessian(f)``), the same for equinox's filter_grad / filter_value_and_grad /
+    filter_jacfwd / filter_jacrev / filter_hessian (their first argument), else ``fun``."""
+    eqx = equinox_of(fun)
+    if eqx is not None:
+        kind, g, aux = eqx
+        if kind == "jac" and aux:
+            return fun, nums  # the Jacobian of a function with aux: not unpicked here
+        if aux:
+            return (lambda *a, **kw: g(*a, **kw)[0]), (0,)
+        return g, (0,)
     jac = jacobian_of(fun)  # before grad_info, which looks through jacfwd(jax.grad(f))
     if jac is not None:
         g, argnums = jac
@@ -673,6 +734,10 @@ INNER_NONSMOOTH_NOTE = {
     "kink": "{fn} (it runs its own backward pass) has one-sided derivatives at the point that "
     "differ from AD's along a random direction: the derivative taken of it is a convention",
 }
+SERIES_NOTE = (
+    "kinks in series were checked with the others at JAX's choice only: the pass with every "
+    "kink at its one-sided choice could not run on this program"
+)
 UNCHECKED_NOTE = (
     "{fn} runs its own backward pass: its kinks are listed without checking whether its "
     "gradient depends on them (its outputs may be a derivative of a gradient that jumps, as "
@@ -711,9 +776,7 @@ def kink_report(
         if found and directions > 0 and target is not fun:
             # the function differentiated runs a backward pass (jax.hessian(f) differentiates
             # jax.jacrev(f)): its derivative is AD's where it is differentiable at the point
-            tname = getattr(target, "__name__", "function")
-            if getattr(target, "__code__", None) in (_JAC_CODES or ()):
-                tname = f"the Jacobian of {tname}"
+            tname = jacobian_name(target) or getattr(target, "__name__", "function")
             dirs = random_directions(flat_args, owner, tnums, directions)
             verdict = _depends.inner_smooth(closed, flat_args, dirs)
             if verdict == "smooth":
@@ -730,11 +793,44 @@ def kink_report(
     if n:
         why = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
         notes.append(CHECKED_NOTE.format(n=n, why=why))
+    if ev.series_unchecked:
+        notes.append(SERIES_NOTE)
     return found, notes
 
 
 def _custom_of(k: Kink) -> tuple | None:
     return k.scope.custom_outer
+
+
+def _tap_keys(kind: str, obj: Any) -> list:
+    if kind == "custom":
+        return [obj[0]]
+    return [obj.key] + ([obj.skey] if obj.skey is not None else [])
+
+
+def unit_deltas(kind: str, obj: Any, taps: dict, s: float) -> tuple[Any, list | None]:
+    """(the key its probes are injected at, its one-sided deltas along ``s`` times the
+    direction whose operand tangents are ``taps``); None deltas: not decided so."""
+    if kind == "custom":
+        key, ceqn, cin = obj
+        t = taps.get(key)
+        if t is None:
+            return key, None
+        try:
+            return key, _depends.custom_delta(ceqn, [_np(v) for v in cin], [s * x for x in t])
+        except Exception:  # a rule we cannot evaluate: the finding stays
+            return key, None
+    key = obj.key if obj.op != "where" else obj.skey
+    t = taps.get(obj.key)
+    st = taps.get(obj.skey) if obj.skey is not None else None
+    if t is None or key is None:
+        return key, None
+    try:
+        return key, _depends.one_sided(
+            obj, [s * x for x in t], None if st is None else [s * x for x in st]
+        )
+    except Exception:  # an operand we cannot read: the finding stays
+        return key, None
 
 
 def depending_kinks(
@@ -780,30 +876,7 @@ def depending_kinks(
         for j, taps in enumerate(per_dir):
             for s in (1.0, -1.0):
                 combo = 2 * j + (0 if s > 0 else 1)
-                if kind == "custom":
-                    key, ceqn, cin = obj
-                    cin = [_np(v) for v in cin]
-                    t = taps.get(key)
-                    if t is None:
-                        undecided.add(c)
-                        continue
-                    try:
-                        res = _depends.custom_delta(ceqn, cin, [s * x for x in t])
-                    except Exception:  # a rule we cannot evaluate: the finding stays
-                        res = None
-                else:
-                    key = obj.key if obj.op != "where" else obj.skey
-                    t = taps.get(obj.key)
-                    st = taps.get(obj.skey) if obj.skey is not None else None
-                    if t is None or key is None:
-                        undecided.add(c)
-                        continue
-                    try:
-                        res = _depends.one_sided(
-                            obj, [s * x for x in t], None if st is None else [s * x for x in st]
-                        )
-                    except Exception:  # an operand we cannot read: the finding stays
-                        res = None
+                key, res = unit_deltas(kind, obj, taps, s)
                 if res is None:
                     undecided.add(c)
                     continue
@@ -824,17 +897,37 @@ def depending_kinks(
         for key, _, _ in items:
             marks[key] = marks.get(key, frozenset()) | {c}
     reach: list[frozenset] = []
+    seen: list[dict] = []  # key -> the candidates reaching its operands
 
     def run(table: dict, eps: Any) -> Any:
-        outs, osides = Injector(table, eps, marks).run_closed(closed, flat_args, sides)
+        inj = Injector(table, eps, marks)
+        inj.watch = want
+        outs, osides = inj.run_closed(closed, flat_args, sides)
         if not reach:
             reach.append(frozenset().union(*[x for o, x in zip(outs, osides) if is_float(o)]))
+            seen.append(inj.inputs)
         return outs
 
     jac = _depends.images(closed, flat_args, live, run) if live else np.zeros((0, 0))
     allp = live + [p for p in probes if id(p) not in live_ids]
     full = np.zeros((jac.shape[0], 2 * len(allp)))
     full[:, : jac.shape[1]] = jac
+    if len(units) > 1 and dirs:  # kinks in series: again with the others at one-sided choices
+        from . import _series
+
+        if not reach:
+            run({}, jnp.zeros((0,), jnp.float32))
+        if _series.in_series(units, seen[0] if seen else {}, _tap_keys):
+            try:
+                sp, sj = _series.probes(closed, flat_args, units, undecided, dirs, want, marks)
+            except Exception:  # a program the one-sided pass cannot take: said in one line
+                sp, sj = [], np.zeros((0, 0))
+                ev.series_unchecked = True
+            if sp:
+                if full.shape[0] != sj.shape[0]:
+                    full = np.zeros((sj.shape[0], full.shape[1]))
+                full = np.concatenate([full, sj], axis=1)
+                allp = allp + sp
     verdicts = _depends.verdicts(full, allp, len(units), undecided)
     # a jump times a value that vanishes at the point (sign(x) * x) is a kink its value image
     # does not show; kinks undone together (ELU's two selects) show in no one-sided derivative

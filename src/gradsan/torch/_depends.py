@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .._catalog.entries.kinks import activation_corners, activation_jumps
+from . import _series
 from ._compat import in_functorch
 from ._rules import COMPARISONS, activation_params, clamp_bounds, is_inplace, to_numpy
 
@@ -74,6 +75,7 @@ class Check:
     out: weakref.ref | None = None
     grads: list[torch.Tensor] = dataclasses.field(default_factory=list)
     indices: weakref.ref | None = None  # a tied sort's integer output whose order changed
+    vid: int | None = None  # its variant in the kinks-in-series check (torch/_series.py)
 
     def verdict(self, backward_ran: bool) -> tuple[bool, str]:
         """(depends, reason left out)."""
@@ -167,6 +169,8 @@ class Checker:
         self.gen = torch.Generator().manual_seed(15)
         self.cmps: dict[int, tuple[weakref.ref, str, Any, Any]] = {}
         self.probing = False
+        self.series = _series.Series(self, DIRECTIONS)  # kinks in series (one-sided choices)
+        self.pinned_series: dict[int, dict[int, list[np.ndarray]]] = {}
         # an in-place kink call's operand, copied before the call (torch/_sanitize.py's
         # pre_call): id of the copy -> (the copy, its tangents read before the call)
         self.pinned: dict[int, tuple[torch.Tensor, list[np.ndarray]]] = {}
@@ -199,6 +203,8 @@ class Checker:
         """Per direction, the tangent (float64) of each of ``values`` (0 for a constant; a
         pinned copy's were read before an in-place call overwrote its original)."""
         pins = {id(v): self.pinned[id(v)][1] for v in values if id(v) in self.pinned}
+        if self.series.variant is not None:
+            return self._series_pinned(values, self.series.variant)
         if pins:
             rest = [v for v in values if id(v) not in pins]
             if any(_grad_tensor(v) for v in rest):
@@ -254,14 +260,68 @@ class Checker:
             self.probing = False
         return res
 
+    def _series_tangents(self, values: list[Any], v: int) -> list[list[np.ndarray]] | None:
+        """Per column (direction, sign) of :class:`~gradsan.torch._series.Series`, the
+        tangent of each of ``values`` with the earlier kinks' corrections of variant ``v``."""
+        live = [x for x in values if _grad_tensor(x)]
+        leaves = _leaves(live) if live else []
+        if not leaves:
+            return None
+        self.probing = True
+        try:
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+                rows = self.series.rows(live, leaves, v)
+        finally:
+            self.probing = False
+        res = []
+        for row in rows:
+            got = []
+            for x in values:
+                t = row.get(id(x)) if _grad_tensor(x) else None
+                got.append(np.zeros(np.shape(_np(x))) if t is None else _np(t))
+            res.append(got)
+        return res
+
+    def _series_pinned(self, values: list[Any], v: int) -> list[list[np.ndarray]] | None:
+        """:meth:`_series_tangents`, a pinned copy's read before its in-place call."""
+        pins = {id(x): self.pinned_series.get(id(x)) for x in values if id(x) in self.pinned}
+        if not pins:
+            return self._series_tangents(values, v)
+        if any(p is None or v not in p for p in pins.values()):
+            return None
+        rest = [x for x in values if id(x) not in pins]
+        if any(_grad_tensor(x) for x in rest):
+            rows = self._series_tangents(rest, v)
+        else:
+            rows = [[np.zeros(np.shape(_np(x))) for x in rest] for _ in self.series.cols]
+        if rows is None:
+            return None
+        res = []
+        for n, row in enumerate(rows):
+            it = iter(row)
+            res.append([pins[id(x)][v][n] if id(x) in pins else next(it) for x in values])  # type: ignore[index]
+        return res
+
     def pin(self, x: torch.Tensor) -> torch.Tensor | None:
         """A copy of ``x`` with its tangents, read now: before an in-place call overwrites
-        it (None: no tangent to read)."""
+        it (None: no tangent to read); with the kinks in series, its one-sided ones too."""
         tans = self.tangents([x])
         if tans is None:
             return None
         copy = x.detach().clone().requires_grad_(True)
         self.pinned[id(copy)] = (copy, [row[0] for row in tans])
+        if self.series.active():
+            got: dict[int, list[np.ndarray]] = {}
+            try:
+                for v in self.series.variants():
+                    rows = self._series_tangents([x], v)
+                    if rows is None:
+                        break
+                    got[v] = [row[0] for row in rows]
+                else:
+                    self.pinned_series[id(copy)] = got
+            except Exception:  # a graph without double backward: read as unpinned
+                pass
         return copy
 
     def watch(self, out: torch.Tensor, check: Check) -> None:
@@ -297,7 +357,22 @@ class Checker:
         c = Check(deltas, indices=idx)
         if deltas is not None:
             self.watch(fout, c)
+            try:
+                c.vid = self._in_series(name, op, args, kwargs, outs, deltas, fout)
+            except Exception:  # a graph without double backward: the check above decides
+                c.vid = None
         return c
+
+    def _in_series(
+        self, name: str, op: str, args: tuple, kwargs: dict, outs: tuple, deltas: list, fout: Any
+    ) -> int | None:
+        """Its one-sided corrections for the kinks after it (:mod:`gradsan.torch._series`)."""
+        ser = self.series
+        if not ser.active():  # no kink before it: its corrections are its deltas
+            corr = _series._corrections(deltas, DIRECTIONS, len(ser.cols), tuple(fout.shape))
+            return ser.link(fout, {0: corr})
+        with np.errstate(all="ignore"):
+            return ser.at_kink(lambda: self._deltas(name, op, args, kwargs, outs)[0], fout)
 
     def _deltas(self, name: str, op: str, args: tuple, kwargs: dict, outs: tuple) -> Any:
         a = list(args)

@@ -17,7 +17,7 @@ from .._catalog.entries.kinks import activation_corners, activation_jumps, corne
 from .._events import Kink
 from .._report import _messages
 from .._report._build import build
-from . import _conventions, _depends, _rules
+from . import _conventions, _depends, _rules, _series
 from ._compat import in_functorch
 from ._explain import BACKEND, Namer, _EagerTracer, _scope, explain
 from ._mode import Tag, Tracer
@@ -302,6 +302,41 @@ def _keep(t: Any) -> Any:
     return t
 
 
+def _series_at_backward(checker: _depends.Checker, func: Any, args: tuple, kwargs: dict) -> None:
+    """The loss's one-sided tangents (kinks in series), read before the backward pass."""
+    is_grad = getattr(func, "__name__", "") == "grad"
+    roots = args[0] if args else kwargs.get("outputs" if is_grad else "tensors")
+    gpos, gname = (2, "grad_outputs") if is_grad else (1, "grad_tensors")
+    grads = args[gpos] if len(args) > gpos else kwargs.get(gname)
+    roots = [roots] if isinstance(roots, torch.Tensor) else list(roots or ())
+    if grads is None or isinstance(grads, torch.Tensor):
+        grads = [grads] * len(roots) if grads is None else [grads]
+    checker.probing = True
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+            checker.series.at_backward(roots, list(grads))
+    finally:
+        checker.probing = False
+
+
+def _undone(tracer: Any, recorded: list) -> bool:
+    """Whether every kink of the session was propagated at its one-sided choice and the
+    loss's one-sided derivatives along the probes are AD's: its kinks undo each other."""
+    if not isinstance(tracer, _KinkTracer) or tracer.inplace or not tracer.checker.series.chain():
+        return False
+    for _, _, check in recorded:
+        if check is None or check.deltas is None or check.indices is not None:
+            return False
+        moved = [(d, j) for d, j in check.deltas if np.any(d != 0)]
+        if any(j for _, j in moved) or (moved and check.vid is None):
+            return False
+    return True
+
+
+def _series_depends(tracer: Any, vid: int | None) -> bool:
+    return isinstance(tracer, _KinkTracer) and tracer.checker.series.depends(vid)
+
+
 class _KinkTracer(_EagerTracer):
     """The tracer, reading each kink while the graph that led to it is alive: the kink event
     (catalog masks) and whether the gradient depends on it (:mod:`gradsan.torch._depends`)."""
@@ -321,6 +356,8 @@ class _KinkTracer(_EagerTracer):
         pos = 4 if getattr(func, "__name__", "") == "grad" else 3  # autograd.grad / backward
         if kwargs.get("create_graph") or (len(args) > pos and args[pos] is True):
             self.higher_order = True
+        if self.checker.series.active() and not self._dmode_on:
+            _series_at_backward(self.checker, func, args, kwargs)
         return super().run_backward(func, args, kwargs)
 
     def pre_call(self, name: str, args: tuple, kwargs: dict) -> None:
@@ -382,6 +419,7 @@ class _KinkTracer(_EagerTracer):
                 self._record(tag, nm, operands, params, args, kw, out)
             finally:
                 self.checker.pinned.pop(id(args[0]), None)
+                self.checker.pinned_series.pop(id(args[0]), None)
             return
         self._record(tag, nm, operands, params, args, kwargs, out)
 
@@ -441,8 +479,13 @@ class sanitize(explain):
         ran = tracer.backward_calls > 0
         unchecked = isinstance(tracer, _KinkTracer) and tracer.higher_order
         places: dict[tuple, list[tuple[Tag, Kink, bool, str]]] = {}
+        undone = _undone(tracer, recorded) and not unchecked
         for tag, ev, check in recorded:
             dep, why = (True, "") if check is None or unchecked else check.verdict(ran)
+            if not dep and check is not None and _series_depends(tracer, check.vid):
+                dep, why = True, ""  # with the later kinks at their one-sided choice
+            if dep and undone:
+                dep, why = False, _series.CHAIN
             w = ev.where
             k = (ev.entry_id, w.file if w else None, w.line if w else None, w.column if w else None)
             places.setdefault(k, []).append((tag, ev, dep, why))
@@ -460,6 +503,9 @@ class sanitize(explain):
             self.report.notes.append(text)
         if unchecked and recorded:
             self.report.notes.append(_depends.UNCHECKED_NOTE.format(fn=self.report.function))
+        over = tracer.checker.series.over if isinstance(tracer, _KinkTracer) else 0
+        if over and not unchecked:
+            self.report.notes.append(_series.OVER_NOTE.format(n=over, m=_series.MAX))
         skipped = tracer.inplace if isinstance(tracer, _KinkTracer) else []
         if skipped:
             where = ", ".join(dict.fromkeys(f"{t.name} at {t.frame}" for t in skipped))
