@@ -28,6 +28,12 @@ def pytest_configure(config):
         config.addinivalue_line(
             "filterwarnings", f"ignore:Error {verb} persistent compilation cache entry:UserWarning"
         )
+    # pytest-xdist's loadfile/loadscope scheduler re-sorts the files by their number of tests
+    # (--loadscope-reorder, its default): the order of pytest_collection_modifyitems below would
+    # be thrown away, and a slow file of two subprocess tests would start last. This keeps it
+    # (the same as passing --no-loadscope-reorder); read by xdist's controller when it schedules.
+    if getattr(config.option, "loadscopereorder", None) is not None:
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
