@@ -32,9 +32,9 @@ def pytest_configure(config):
     # --loadscope-reorder default), throwing pytest_collection_modifyitems' order away: a
     # one-test file such as tests/jax/test_mesh.py (~26 CPU-s) went last. Off, as
     # --no-loadscope-reorder sets it; xdist's controller reads it when it schedules. A simulation
-    # of xdist's scheduler on the measured per-test CPU-s of 52 files (642 CPU-s): the two
-    # workers end 6.4% over an even split in xdist's order, 0.0% in this one
-    # (notes/s15/suite.md).
+    # of xdist's scheduler on the measured per-test CPU-s of 54 files (697 CPU-s): the two
+    # workers end 1.1% over an even split in xdist's order (6.4% on a 52-file subset), 0.0% in
+    # this one (notes/s15/suite.md).
     if getattr(config.option, "loadscopereorder", None) is not None:
         config.option.loadscopereorder = False
 
