@@ -28,13 +28,23 @@ def pytest_configure(config):
         config.addinivalue_line(
             "filterwarnings", f"ignore:Error {verb} persistent compilation cache entry:UserWarning"
         )
+    # pytest-xdist (3.8) hands loadfile's files out sorted by their number of tests (its
+    # --loadscope-reorder default), throwing pytest_collection_modifyitems' order away: a
+    # one-test file such as tests/jax/test_mesh.py (~26 CPU-s) went last. Off, as
+    # --no-loadscope-reorder sets it; xdist's controller reads it when it schedules. A simulation
+    # of xdist's scheduler on the measured per-test CPU-s of 54 files (697 CPU-s): the two
+    # workers end 1.1% over an even split in xdist's order (6.4% on a 52-file subset), 0.0% in
+    # this one (notes/s15/suite.md).
+    if getattr(config.option, "loadscopereorder", None) is not None:
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    """The files that hold `slow` tests run first, in their collected order, then the rest:
-    under `-n 2 --dist loadfile` the files left at the end are then short ones, so the two
-    workers finish close together instead of one idling while the other runs a long subprocess
-    file. The order inside each file is kept."""
+    """The files that hold `slow` tests run first, in their collected order, then the rest (the
+    order inside each file is kept): under `-n 2 --dist loadfile` the run then ends on short
+    files, so the two workers finish close together instead of one idling while the other runs
+    a long subprocess file that started last. Mark a file's expensive tests `slow` and it is
+    scheduled early. Needs xdist's reordering off (pytest_configure above)."""
     heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in heavy)
 

@@ -3,6 +3,11 @@
 import subprocess
 import sys
 
+import pytest
+
+# slow: five fresh interpreters (a clean sys.modules is the point)
+pytestmark = pytest.mark.slow
+
 PROBE = "import sys, {mod}; sys.exit(('jax' in sys.modules) or ('torch' in sys.modules))"
 
 

@@ -54,7 +54,7 @@ def test_a_notebook_style_script_is_not_rerun_whole_and_its_env_is_recorded(tmp_
         [sys.executable, "-m", "gradsan", "run", str(s)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         cwd=tmp_path,
         env=env,
     )

@@ -248,6 +248,7 @@ def _note(text):
     return Note.RETURNED, text.rsplit(" ", 1)[1]
 
 
+@pytest.mark.slow  # explain (with its fixes verified) on each of the 8 gallery cases: ~14 CPU-s
 def test_origin_events_build_explains_findings():
     """Every finding of the demo gallery, rebuilt from the facts explain has at its origin."""
     import gradsan.jax as gsj
@@ -353,6 +354,7 @@ BUILDER_KEYS = (
 )
 
 
+@pytest.mark.slow  # sanitize of six programs: ~8 CPU-s
 def test_kink_events_build_sanitizes_findings():
     """sanitize's kinks, rebuilt from the facts it has at each one (JAX's value at the kink is
     the backend's fact; the entry's convention and subdifferential are the builder's words)."""
