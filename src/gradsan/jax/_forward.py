@@ -219,7 +219,126 @@ def _host_same(y: Any, a: np.ndarray) -> bool:
     return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
 
 
-__all__ = ["computed_flag", "float_leaves", "forwarding", "host_computed_flag"]
+def dynamic_labels(fun: Any, args: tuple, kwargs: dict) -> list[str] | None:
+    """Names of :func:`_dynamic`'s leaves (``state['best_value']``, ``opt_state[1].count``)."""
+    info = getattr(fun, "_jit_info", None)
+    if info is None:
+        return None
+    nums = {n % len(args) for n in info.static_argnums if -len(args) <= n < len(args)}
+    names = set(info.static_argnames)
+    try:
+        import inspect
+
+        params = inspect.signature(getattr(fun, "__wrapped__", fun)).parameters.values()
+        arg_names = [
+            p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        arg_names = []
+    tu = jax.tree_util
+    labels: list[str] = []
+    for i, a in enumerate(args):
+        if i in nums:
+            continue
+        base = arg_names[i] if i < len(arg_names) else f"args[{i}]"
+        labels += [base + tu.keystr(p) for p, _ in tu.tree_flatten_with_path(a)[0]]
+    for k, v in kwargs.items():
+        if k not in names:
+            labels += [k + tu.keystr(p) for p, _ in tu.tree_flatten_with_path(v)[0]]
+    return labels
+
+
+def forwarded_outputs(fun: Any, args: tuple, kwargs: dict, out: Any) -> dict[int, int | None]:
+    """The non-finite float outputs (host values) the call did not compute: output leaf index
+    -> the input leaf it was returned unchanged from (None: a constant of the program). The
+    same decision as the flag's: always forwarded, or a ``lax.cond`` output equal to its
+    input (NaN where the input has NaN)."""
+    found = _sources(fun, args, kwargs, out)
+    if found is None:
+        return {}
+    outs, srcs, ins = found
+    got: dict[int, int | None] = {}
+    for i, (x, s) in enumerate(zip(outs, srcs)):
+        if s is None or not _inexact(x):
+            continue
+        a = np.asarray(x)
+        if bool(np.isfinite(a).all()):
+            continue
+        if s[0]:
+            got[i] = next(iter(s[1]), None)
+            continue
+        for k in sorted(s[1]):
+            if _like(ins[k], x) and _host_same(ins[k], a):
+                got[i] = k
+                break
+    return got
+
+
+def leave_out_forwarded(
+    report: Any, fun: Any, args: tuple, kwargs: dict, out: Any, fwd: dict | None = None
+) -> Any:
+    """``report`` with only what the call did: outputs returned unchanged from the inputs
+    (``fwd``, by default :func:`forwarded_outputs`) are taken out of its findings (a finding
+    left with no output is dropped) and named in one note instead."""
+    fwd = forwarded_outputs(fun, args, kwargs, out) if fwd is None else fwd
+    if not fwd:
+        return report
+    from ._call import output_labels
+
+    try:
+        paths = [p for p, _ in output_labels(fun, out, args, [])]
+    except Exception:  # pragma: no cover - an output layout not foreseen: report unchanged
+        return report
+    if len(paths) != len(jax.tree_util.tree_leaves(out)):
+        return report
+    gone = {paths[i] for i in fwd}
+    kept = []
+    for f in report.findings:
+        hits = [h for h in f.outputs if h.path not in gone]
+        if f.outputs and not hits:
+            continue
+        f.outputs = hits
+        kept.append(f)
+    report.findings = kept
+    report.notes.append(forwarded_note(fwd, dynamic_labels(fun, args, kwargs) or []))
+    return report
+
+
+def forwarded_note(fwd: dict[int, int | None], in_labels: list[str], most: int = 4) -> str:
+    """One line naming the inputs passed through unchanged (and the constants returned)."""
+    names: list[str] = []
+    for k in fwd.values():
+        if k is not None:
+            name = in_labels[k] if k < len(in_labels) else f"input leaf {k}"
+            if name not in names:
+                names.append(name)
+    consts = sum(k is None for k in fwd.values())
+    parts = []
+    n = len(fwd) - consts
+    if n:
+        shown = ", ".join(names[:most])
+        if len(names) > most:
+            shown += f" and {len(names) - most} more"
+        what = "output is an input" if n == 1 else "outputs are inputs"
+        parts.append(
+            f"{n} {what} passed through unchanged (already non-finite when given): {shown}"
+        )
+    if consts:
+        what = "output is" if consts == 1 else "outputs are"
+        parts.append(f"{consts} {what} the program's constant inf, returned as written")
+    return "; ".join(parts) + " (not computed by this call, not its finding)."
+
+
+__all__ = [
+    "computed_flag",
+    "dynamic_labels",
+    "forwarded_note",
+    "float_leaves",
+    "forwarded_outputs",
+    "forwarding",
+    "host_computed_flag",
+    "leave_out_forwarded",
+]
 
 
 def _inf_literal(v: Any) -> bool:
