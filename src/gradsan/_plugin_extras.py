@@ -29,6 +29,8 @@ class Allow:
         self.values = list(values)
         self.node_ids: list[str] = []
         self.exprs: list[Any] = []
+        self.expr_values: list[str] = []
+        self.used: set[str] = set()  # the values that matched a test of this session
         for v in self.values:
             v = v.strip()
             if "::" in v or v.endswith(".py") or os.sep in v or "/" in v:
@@ -36,30 +38,43 @@ class Allow:
                 continue
             try:
                 self.exprs.append(Expression.compile(v))
+                self.expr_values.append(v)
             except SyntaxError as e:
                 raise pytest.UsageError(
                     f"--gradsan-allow={v!r}: not a keyword expression ({e})"
                 ) from None
 
     def matches(self, item: pytest.Item) -> bool:
+        """Whether a value allows ``item`` (every value is tried: :attr:`used` is exact)."""
         nid = item.nodeid
         path = str(item.path).replace(os.sep, "/")
-        for v in self.node_ids:
-            v = v.replace(os.sep, "/")
-            if _under(nid, v):
-                return True
-            # a path's tail: `alias_test.py::AliasTest::test_x`; also for a test file outside
-            # the rootdir (pytest --pyargs optax: node ids `::AliasTest::test_x`)
+        hit = False
+        for value in self.node_ids:
+            v = value.replace(os.sep, "/")
+            # the node id, or a path's tail: `alias_test.py::AliasTest::test_x`; also for a
+            # test file outside the rootdir (pytest --pyargs optax: node ids `::AliasTest::..`)
             file, _, rest = v.partition("::")
-            if file.endswith(".py") and (path == file or path.endswith("/" + file.lstrip("./"))):
-                if not rest or _under(nid.partition("::")[2], rest, anchored=True):
-                    return True
+            here = _under(nid, v) or (
+                file.endswith(".py")
+                and (path == file or path.endswith("/" + file.lstrip("./")))
+                and (not rest or _under(nid.partition("::")[2], rest, anchored=True))
+            )
+            if here:
+                self.used.add(value)
+                hit = True
         if self.exprs:
             from _pytest.mark import KeywordMatcher
 
             matcher = _WholeNumbers(KeywordMatcher.from_item(item))
-            return any(e.evaluate(matcher) for e in self.exprs)
-        return False
+            for value, e in zip(self.expr_values, self.exprs):
+                if e.evaluate(matcher):
+                    self.used.add(value)
+                    hit = True
+        return hit
+
+    def unused(self) -> list[str]:
+        """The values that matched none of the tests checked."""
+        return [v for v in (x.strip() for x in self.values) if v not in self.used]
 
 
 def _under(nid: str, v: str, anchored: bool = False) -> bool:
@@ -107,9 +122,8 @@ def allowed(item: pytest.Item, hooks: Any) -> bool:
     path = os.path.abspath(str(item.path))
     if path in hooks.stats.installed_files:
         hooks.stats.installed_run.add(path)  # a test of an installed package ran
-    if item.get_closest_marker(MARKER) is not None:
-        return True
-    return bool(hooks.allow.matches(item))
+    by_value = bool(hooks.allow.matches(item))  # first: its record of used values is exact
+    return item.get_closest_marker(MARKER) is not None or by_value
 
 
 def mark_absl_parameterized(hooks: Any) -> None:
@@ -164,6 +178,14 @@ def summary_line(hooks: Any) -> str:
         extra.append(
             f"{st.allowed} test{'s' if st.allowed != 1 else ''} allowed NaN/Inf "
             f"(@pytest.mark.{MARKER} or --gradsan-allow), not checked"
+        )
+    allow = getattr(hooks, "allow", None)
+    unused = allow.unused() if isinstance(allow, Allow) else []
+    if unused:
+        extra.append(
+            "--gradsan-allow "
+            + ", ".join(repr(v) for v in unused)
+            + " matched none of the tests run"
         )
     if st.installed_run:
         n = len(st.installed_run)

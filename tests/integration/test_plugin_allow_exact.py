@@ -76,6 +76,13 @@ def test_keyword_expressions_still_match_parts_of_names(items):
     ]
 
 
+def test_the_values_that_matched_no_test_are_known(items):
+    allow = Allow(["test_optimization10", "f.py::nothing", "test_optimization2 or TestAlias"])
+    for it in items.values():
+        allow.matches(it)
+    assert allow.unused() == ["f.py::nothing"]
+
+
 def test_a_node_id_matches_whole_or_by_its_tail(items):
     assert allowed(items, "TestAlias::test_optimization10") == ["TestAlias::test_optimization10"]
     assert allowed(items, "TestAlias") == [
@@ -111,8 +118,14 @@ def test_optimization100():
 """
     )
     r = pytester.runpytest_subprocess(
-        "--gradsan", "-p", "no:cacheprovider", "-rf", "--gradsan-allow=test_optimization10"
+        "--gradsan",
+        "-p",
+        "no:cacheprovider",
+        "-rf",
+        "--gradsan-allow=test_optimization10",
+        "--gradsan-allow=test_optimization1",  # matches no test: said at the end
     )
     r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines(["*--gradsan-allow 'test_optimization1' matched none of the tests run."])
     r.stdout.fnmatch_lines(["FAILED test_opt.py::test_optimization100 - gradsan:*"])
     r.stdout.fnmatch_lines(['*--gradsan-allow="test_optimization100" (a -k expression*'])
