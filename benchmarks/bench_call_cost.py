@@ -20,6 +20,12 @@ Parts:
   flag one call late, with the inputs' snapshot: session 14's first version), and
   ``gradsan.jax.guard``; the overhead per call in
   microseconds and the ratio, each against plain in the same round.
+- ``flatten``: ``jax/_call.py``'s ``flatten_call`` (every wrapper's first step: sanitize's
+  screen, nansafe, explain, guard's report) on parameter trees of 10, 100 and 1000 leaves
+  (``--leaves``), per call in microseconds, its labels not read (as a healthy call uses it)
+  and read (as a report does); with ``--before FILE`` (an older ``_call.py``, e.g. from
+  ``git show REV:src/gradsan/jax/_call.py``), that file's ``flatten_call`` too, paired in
+  the same process, and the labels of both compared (they must be equal).
 
 Timing is paired: every round runs each variant once in alternating order; we print the
 median and the interquartile range over rounds. The "RESULT name=value" lines are for the
@@ -306,11 +312,74 @@ def part_steps(rounds: int, sizes: list[str]) -> None:
             print(f"RESULT steps.{size}.{k}_ratio={statistics.median(ratio):.2f}")
 
 
+# -- flatten_call ---------------------------------------------------------------------------
+
+
+def _load_call_module(path: str):
+    """An older ``_call.py`` as a module of the current package (its relative imports)."""
+    import importlib.util
+
+    import gradsan.jax
+
+    spec = importlib.util.spec_from_file_location("gradsan.jax._call_before", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = gradsan.jax.__name__
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def part_flatten(rounds: int, leaf_counts: list[int], before: str | None) -> None:
+    from gradsan.jax import _call
+
+    impls = {"after": _call.flatten_call}
+    if before:
+        impls["before"] = _load_call_module(before).flatten_call
+    for n in leaf_counts:
+        params = {f"layer{i}": {"w": jnp.ones((2, 2)), "b": jnp.ones(2)} for i in range(n // 2)}
+        if n % 2:
+            params["extra"] = {"w": jnp.ones(1)}
+        step = jax.jit(lambda params, x, lr: x)
+        args, kwargs = (params, jnp.ones(2)), {"lr": 0.1}
+        calls = max(3, 3000 // n)
+        labels = {k: f(step, args, kwargs).labels for k, f in impls.items()}
+        assert len({tuple(v) for v in labels.values()}) == 1, "labels differ"
+
+        def timed(f: Callable, read: bool) -> Callable[[], float]:
+            def run() -> float:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    c = f(step, args, kwargs)
+                    if read:
+                        c.labels  # noqa: B018
+                return (time.perf_counter() - t0) / calls * 1e6
+
+            return run
+
+        variants = {
+            f"{k}{'_labels' if read else ''}": timed(f, read)
+            for k, f in impls.items()
+            for read in (False, True)
+        }
+        got = paired(variants, rounds)
+        for k in variants:
+            print(f"  flatten {n:5d} leaves: {k:13s} {stats(got[k])} us/call")
+            print(f"RESULT flatten.leaves{n}.{k}_us={statistics.median(got[k]):.1f}")
+        if before:
+            for read in ("", "_labels"):
+                ratio = [a / b for a, b in zip(got["after" + read], got["before" + read])]
+                print(f"  flatten {n:5d} leaves: after/before{read} ratio {stats(ratio)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
-        "--part", default="all", choices=["all", "compile", "recreate", "step", "steps"]
+        "--part",
+        default="all",
+        choices=["all", "compile", "recreate", "step", "steps", "flatten"],
     )
+    ap.add_argument("--leaves", default="10,100,1000", help="flatten: tree sizes")
+    ap.add_argument("--before", default=None, help="flatten: an older _call.py to pair with")
     ap.add_argument("--sizes", default="20us,200us,2ms", help="steps: step sizes")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--layers", default="100,300")
@@ -322,6 +391,8 @@ def main() -> None:
         part_run("step", a.rounds, 2000)
     if a.part in ("all", "steps"):
         part_steps(a.rounds, a.sizes.split(","))
+    if a.part in ("all", "flatten"):
+        part_flatten(a.rounds, [int(v) for v in a.leaves.split(",")], a.before)
     if a.part in ("all", "compile"):
         part_compile([int(v) for v in a.layers.split(",")], a.rounds, a.variants)
 

@@ -29,10 +29,17 @@ run as numerically unstable) and
 ``--gradsan-allow=optax/_src/alias_test.py::LBFGSTest::test_against_plain_implementation9``
 (the Zakharov objective overflows to inf in the line search, which the test tolerates).
 
-Compared so far (plain vs --gradsan, by node id; sessions 13 + 14): equinox 475 of 475; optax:
-every one of its 52 test modules has been run in both modes, except the last 182 tests of
-session 13's chunk A (24 modules) under --gradsan; no difference is left but the allowed
-tests above. Session 14's peers2 (optax linesearch_test 242,
+Compared so far (plain vs --gradsan, by node id; sessions 13-15): equinox 475 of 475; optax:
+every test of its 52 test modules has been run in both modes; no difference is left but the
+allowed tests above. Session 15 ran the last 182 tests of session 13's chunk A (its 24
+modules' tail: linear_algebra_test, whole here, then schedules _inject, transforms _masking,
+contrib _schedule_free and _galore, perturbations _make_pert, tree_utils _random and _casting,
+transforms _combining, combine_test, losses _ranking: 193 tests, 336 outcomes with subtests)
+in both modes: 190 passed and 3 skipped in each, 0 differences, none allowed::
+
+    MODS="optax._src.linear_algebra_test optax.schedules._inject_test ..."  # the 11 above
+    PYTHONPATH=$PWD/src:/tmp/peers-site python tools/peer_suites.py both --cwd /tmp/empty \
+        --out /tmp/tailA -- --pyargs $MODS -p no:cacheprovider -o addopts= Session 14's peers2 (optax linesearch_test 242,
 13 small modules 111, contrib/_common_test 1422, assignment/_hungarian_algorithm_test 1528
 outcomes, subtests included) needed no allow: its 4 differences (reduce_on_plateau's inf
 sentinel in init state) were gradsan's and are fixed.

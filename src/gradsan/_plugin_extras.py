@@ -16,8 +16,12 @@ MARKER = "gradsan_allow_nonfinite"
 
 
 class Allow:
-    """``--gradsan-allow`` values: node ids (``path.py::name``, a prefix matches the tests
-    under it) or ``-k`` style keyword expressions."""
+    """``--gradsan-allow`` values: node ids (``path.py::Class::name``, a path's tail, or a
+    ``Class::name`` tail: matched whole, at ``/`` and ``::`` boundaries, also the tests under it
+    and its ``[parameters]``) or ``-k`` style keyword expressions, whose words match parts of
+    the test's names as ``-k`` does, except that a number is matched whole:
+    ``test_optimization10`` is that test (and its ``[parameters]``), not
+    ``test_optimization100``-``109`` (absl numbers its parameterized tests)."""
 
     def __init__(self, values: list[str]) -> None:
         from _pytest.mark.expression import Expression
@@ -25,50 +29,101 @@ class Allow:
         self.values = list(values)
         self.node_ids: list[str] = []
         self.exprs: list[Any] = []
+        self.expr_values: list[str] = []
+        self.used: set[str] = set()  # the values that matched a test of this session
         for v in self.values:
             v = v.strip()
-            if "::" in v or v.endswith(".py") or os.sep in v:
+            if "::" in v or v.endswith(".py") or os.sep in v or "/" in v:
                 self.node_ids.append(v)
                 continue
             try:
                 self.exprs.append(Expression.compile(v))
+                self.expr_values.append(v)
             except SyntaxError as e:
                 raise pytest.UsageError(
                     f"--gradsan-allow={v!r}: not a keyword expression ({e})"
                 ) from None
 
     def matches(self, item: pytest.Item) -> bool:
+        """Whether a value allows ``item`` (every value is tried: :attr:`used` is exact)."""
         nid = item.nodeid
         path = str(item.path).replace(os.sep, "/")
-        for v in self.node_ids:
-            if _under(nid, v):
-                return True
-            # a path's tail: `alias_test.py::AliasTest::test_x`; also for a test file outside
-            # the rootdir (pytest --pyargs optax: node ids `::AliasTest::test_x`)
-            file, _, rest = v.replace(os.sep, "/").partition("::")
-            if file.endswith(".py") and (path == file or path.endswith("/" + file.lstrip("./"))):
-                if not rest or _under(nid.partition("::")[2], rest):
-                    return True
+        hit = False
+        for value in self.node_ids:
+            v = value.replace(os.sep, "/")
+            # the node id, or a path's tail: `alias_test.py::AliasTest::test_x`; also for a
+            # test file outside the rootdir (pytest --pyargs optax: node ids `::AliasTest::..`)
+            file, _, rest = v.partition("::")
+            here = _under(nid, v) or (
+                file.endswith(".py")
+                and (path == file or path.endswith("/" + file.lstrip("./")))
+                and (not rest or _under(nid.partition("::")[2], rest, anchored=True))
+            )
+            if here:
+                self.used.add(value)
+                hit = True
         if self.exprs:
             from _pytest.mark import KeywordMatcher
 
-            matcher = KeywordMatcher.from_item(item)
-            return any(e.evaluate(matcher) for e in self.exprs)
-        return False
+            matcher = _WholeNumbers(KeywordMatcher.from_item(item))
+            for value, e in zip(self.expr_values, self.exprs):
+                if e.evaluate(matcher):
+                    self.used.add(value)
+                    hit = True
+        return hit
+
+    def unused(self) -> list[str]:
+        """The values that matched none of the tests checked."""
+        return [v for v in (x.strip() for x in self.values) if v not in self.used]
 
 
-def _under(nid: str, v: str) -> bool:
-    """``nid`` is the test ``v`` names, one of its parameters, or a test in class ``v``."""
-    return nid == v or nid.startswith(v + "::") or nid.startswith(v + "[")
+def _under(nid: str, v: str, anchored: bool = False) -> bool:
+    """``nid`` is the test ``v`` names (``v`` whole, or unless ``anchored`` its tail after a
+    ``/`` or ``::``), one of its parameters, or a test in class / file ``v``."""
+    start = nid.find(v)
+    while start >= 0 and not (anchored and start):
+        end = start + len(v)
+        left = start == 0 or nid[start - 1] == "/" or nid[:start].endswith("::")
+        right = end == len(nid) or nid.startswith("::", end) or nid[end] == "["
+        if left and right:
+            return True
+        start = nid.find(v, start + 1)
+    return False
+
+
+class _WholeNumbers:
+    """pytest's ``-k`` matcher (a word matches a part of one of the test's names, in any
+    case), except that a word's leading or trailing digits do not match part of a number."""
+
+    def __init__(self, keywords: Any) -> None:
+        self.names = [str(n).lower() for n in getattr(keywords, "_names", ())]
+        self.keywords = keywords
+
+    def __call__(self, subname: str, /, **kwargs: Any) -> bool:
+        if kwargs or not self.names:
+            return bool(self.keywords(subname, **kwargs))
+        sub = subname.lower()
+        return any(_whole_numbers_in(name, sub) for name in self.names)
+
+
+def _whole_numbers_in(name: str, sub: str) -> bool:
+    i = name.find(sub)
+    while i >= 0:
+        j = i + len(sub)
+        before = i > 0 and sub[:1].isdigit() and name[i - 1].isdigit()
+        after = j < len(name) and sub[-1:].isdigit() and name[j].isdigit()
+        if not (before or after):
+            return True
+        i = name.find(sub, i + 1)
+    return False
 
 
 def allowed(item: pytest.Item, hooks: Any) -> bool:
     path = os.path.abspath(str(item.path))
     if path in hooks.stats.installed_files:
         hooks.stats.installed_run.add(path)  # a test of an installed package ran
-    if item.get_closest_marker(MARKER) is not None:
-        return True
-    return bool(hooks.allow.matches(item))
+    by_value = bool(hooks.allow.matches(item))  # first: its record of used values is exact
+    return item.get_closest_marker(MARKER) is not None or by_value
 
 
 def mark_absl_parameterized(hooks: Any) -> None:
@@ -123,6 +178,14 @@ def summary_line(hooks: Any) -> str:
         extra.append(
             f"{st.allowed} test{'s' if st.allowed != 1 else ''} allowed NaN/Inf "
             f"(@pytest.mark.{MARKER} or --gradsan-allow), not checked"
+        )
+    allow = getattr(hooks, "allow", None)
+    unused = allow.unused() if isinstance(allow, Allow) else []
+    if unused:
+        extra.append(
+            "--gradsan-allow "
+            + ", ".join(repr(v) for v in unused)
+            + " matched none of the tests run"
         )
     if st.installed_run:
         n = len(st.installed_run)

@@ -6,7 +6,8 @@ the failure (printed once, naming the way to allow it). The patches are installe
 import hook), so jax and torch are imported only if the tests import them. A test that means
 its NaN/Inf is exempted by ``@pytest.mark.gradsan_allow_nonfinite`` (above or below absl's
 ``@parameterized`` decorators) or from the command line by ``--gradsan-allow=EXPR`` (a node
-id, or a ``-k`` style keyword expression; the option may be repeated). The session ends with
+id or its tail, or a ``-k`` style keyword expression whose numbers match whole; the option may
+be repeated). The session ends with
 one line of what was checked. Test files collected from installed packages (``--pyargs``)
 count as the user's code, so their own jit/grad functions are checked (not the package's).
 
@@ -42,7 +43,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="EXPR",
         help="with --gradsan: do not check the tests that match EXPR, a node id "
-        "(path.py::name) or a -k style keyword expression (repeatable); for tests that "
+        "(path.py::name, or its tail: Class::name) or a -k style keyword expression, "
+        "numbers matched whole (test_x1 is not test_x10) (repeatable); for tests that "
         "feed NaN/Inf on purpose",
     )
     group.addoption(

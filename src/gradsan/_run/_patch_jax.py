@@ -1,7 +1,19 @@
 """`gradsan run`'s JAX patch: functions made by ``jax.jit``, ``jax.grad`` and
 ``jax.value_and_grad`` in the user's code are wrapped; each eager call is checked with
 gradsan.jax.guard's machinery (one fused finiteness flag, the replay through the
-interpreter), calls made while tracing pass straight through."""
+interpreter), calls made while tracing pass straight through.
+
+When a jitted step's flag is read (``GRADSAN_JAX_FLAG_READ``):
+
+- unset (the default): at once when the step has finished by the end of its dispatch (a cheap
+  CPU step: no wait), otherwise one call late, after the next call is dispatched, so that
+  checking forces no sync per step. The report is still the failing call's, with its own
+  inputs, but the script's own code after the failing call runs before it (one line says so);
+- ``late``: every flag one call late;
+- ``now``: every flag at once, right after its call: the script stops at the failing call,
+  and none of its code after that call runs, at the price of one sync per call (each step
+  waits for the previous one to finish, as ``jax_debug_nans`` makes it).
+"""
 
 from __future__ import annotations
 
@@ -166,9 +178,13 @@ class Watched:
             # of its inputs (which costs more than the read on such a step). The choice is
             # made per call, by the flag's readiness right after dispatch; _reads counts
             # both. GRADSAN_JAX_FLAG_READ=late reads every flag one call late.
+            # GRADSAN_JAX_FLAG_READ=now reads every flag at once (a sync per call)
+            mode = _flag_read_mode()
             defer = getattr(hooks, "defer_flags", False)
+            if mode == "now" or defer == "now":
+                defer = False
             self._defer = bool(defer)
-            self._adaptive = defer != "late" and os.environ.get("GRADSAN_JAX_FLAG_READ") != "late"
+            self._adaptive = defer != "late" and mode != "late"
             self._donating = checker.donating
             self._tracer = _tracer_type()
         if (checker.fused is None or not checker.state.get("sized")) and _has_tracer(
@@ -221,7 +237,7 @@ class Watched:
             say(
                 f"the flag of the {ordinal(call)} call of {self.label} is read at the end of the "
                 f"script (that call was still running when it returned): the script's own code "
-                f"after the {ordinal(call)} call ran as it does without gradsan."
+                f"after the {ordinal(call)} call ran as it does without gradsan{_NOW}."
             )
         elif late:
             nxt = ordinal(call + 1)
@@ -234,7 +250,7 @@ class Watched:
             say(
                 f"the flag of the {ordinal(call)} call of {self.label} is read one call late: "
                 f"at the {nxt} call, {when}. The script's own code after the {ordinal(call)} "
-                "call ran as it does without gradsan."
+                f"call ran as it does without gradsan{_NOW}."
             )
         report = self._replay(args, kwargs, out, via, call)
         __tracebackhide__ = True
@@ -265,6 +281,26 @@ class Watched:
         report = self._checker.report(args, kwargs, out, via)
         say(f"replay done in {time.perf_counter() - t0:.1f} s.")
         return report
+
+
+_NOW = " (set GRADSAN_JAX_FLAG_READ=now to stop at the failing call)"
+_MODES = ("", "late", "now")
+_WARNED: list = []
+
+
+def _flag_read_mode() -> str:
+    """``GRADSAN_JAX_FLAG_READ`` ("", "late" or "now"); another value is said once and
+    ignored (the default read)."""
+    mode = os.environ.get("GRADSAN_JAX_FLAG_READ", "").strip().lower()
+    if mode in _MODES:
+        return mode
+    if not _WARNED:
+        _WARNED.append(mode)
+        say(
+            f"GRADSAN_JAX_FLAG_READ={mode!r} is not 'now' or 'late': ignored (flags are read "
+            "at once when ready, else one call late)."
+        )
+    return ""
 
 
 _DECIDED: list = []

@@ -31,20 +31,60 @@ __all__ = [
 # -- one call, flattened ------------------------------------------------------------------------
 
 
-class FlatCall(NamedTuple):
+class FlatCall:
     """``fun(*args, **kwargs)`` as a function of its flat array leaves. A jitted ``fun``'s
     static arguments stay Python values, bound in ``fun`` (they flatten to no leaves); so do
     leaves JAX cannot trace (an equinox module's functions and static fields, a string in a
     dict), filtered as ``equinox.filter_jit`` does and passed to ``fun`` untouched. A typed
-    PRNG key (``jax.random.key``) is a leaf of its raw key data, re-wrapped inside ``fun``."""
+    PRNG key (``jax.random.key``) is a leaf of its raw key data, re-wrapped inside ``fun``.
 
-    flat: list  # the traced leaves only (key data for typed keys)
-    in_tree: Any
-    fun: Callable  # flat leaves -> outputs; a fresh closure per call (make_jaxpr caches per callable)
-    dyn_args: tuple
-    dyn_kwargs: dict
-    statics: tuple  # the static values, hashable (a cache key together with in_tree)
-    labels: list  # the name of each traced leaf: ``theta``, ``params['w']``, ``model.layers[0]``
+    ``labels`` (the name of each traced leaf: ``theta``, ``params['w']``, ``model.layers[0]``)
+    is built when first read, from the call's tree as it was flattened: only a report needs
+    it, and on a large parameter tree it cost as much as the rest of the flattening."""
+
+    __slots__ = ("dyn_args", "dyn_kwargs", "flat", "fun", "in_tree", "statics", "_labels", "_how")
+
+    def __init__(
+        self,
+        flat: list,
+        in_tree: Any,
+        fun: Callable,
+        dyn_args: tuple,
+        dyn_kwargs: dict,
+        statics: tuple,
+        labels: list | None = None,
+        how: tuple | None = None,
+    ) -> None:
+        self.flat = flat  # the traced leaves only (key data for typed keys)
+        self.in_tree = in_tree
+        self.fun = fun  # flat leaves -> outputs; a fresh closure per call
+        self.dyn_args = dyn_args
+        self.dyn_kwargs = dyn_kwargs
+        self.statics = statics  # the static values, hashable (a cache key with in_tree)
+        self._labels = labels
+        self._how = how  # (the user's function, every leaf, which are traced): for labels
+
+    @property
+    def labels(self) -> list:
+        if self._labels is None:
+            assert self._how is not None
+            fun, every, keep = self._how
+            try:  # the tree as it was flattened (tracing may have changed a container)
+                tree = jax.tree_util.tree_unflatten(self.in_tree, every)
+            except Exception:  # pragma: no cover - a pytree that cannot be rebuilt
+                tree = (self.dyn_args, self.dyn_kwargs)
+            self._labels = [lbl for lbl, k in zip(_path_labels(fun, tree), keep) if k]
+            self._how = None
+        return self._labels
+
+    def _replace(self, **changes: Any) -> FlatCall:
+        got = FlatCall(
+            self.flat, self.in_tree, self.fun, self.dyn_args, self.dyn_kwargs, self.statics
+        )
+        got._labels, got._how = self._labels, self._how
+        for k, v in changes.items():
+            setattr(got, "_labels" if k == "labels" else k, v)
+        return got
 
 
 def is_traced_leaf(x: Any) -> bool:
@@ -61,6 +101,8 @@ def is_traced_leaf(x: Any) -> bool:
 def _key_impl(x: Any) -> Any:
     """The PRNG implementation of a typed key leaf, else None."""
     dt = getattr(x, "dtype", None)
+    if dt is None or type(dt) is np.dtype or isinstance(dt, np.dtype):
+        return None  # a numpy dtype: never a key's (jax's key dtypes are extended dtypes)
     try:
         if dt is not None and jax.dtypes.issubdtype(dt, jax.dtypes.prng_key):
             return jax.random.key_impl(x)
@@ -109,7 +151,6 @@ def flatten_call(
     dyn_args = tuple(None if i in s_pos else a for i, a in enumerate(args))
     dyn_kwargs = {k: (None if k in s_names else v) for k, v in kwargs.items()}
     every, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-    all_labels = _path_labels(fun, (dyn_args, dyn_kwargs))
     keep = [is_traced_leaf(x) for x in every]
     keep = _frameworks.static_fields(keep, (dyn_args, dyn_kwargs))  # equinox's static fields
     impls = [_key_impl(x) if k else None for x, k in zip(every, keep)]
@@ -118,7 +159,6 @@ def flatten_call(
         for x, k, impl in zip(every, keep, impls)
         if k
     ]
-    labels = [lbl for lbl, k in zip(all_labels, keep) if k]
     pos = {i: args[i] for i in s_pos if i < len(args)}
     names = {k: kwargs[k] for k in s_names if k in kwargs}
     target = traced or fun
@@ -143,7 +183,7 @@ def flatten_call(
         passed,
         tuple(map(str, kept_impls)),
     )
-    return FlatCall(flat, in_tree, flat_fun, dyn_args, dyn_kwargs, statics, labels)
+    return FlatCall(flat, in_tree, flat_fun, dyn_args, dyn_kwargs, statics, how=(fun, every, keep))
 
 
 # -- input checks -------------------------------------------------------------------------------

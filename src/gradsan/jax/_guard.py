@@ -28,10 +28,17 @@ from ._call import check_callable
 from ._explain import diagnose
 from ._flags import (
     FUSE_LIMIT,
+    _inexact,
     float_leaves,
-    nonfinite_leaves,
 )
-from ._forward import computed_flag, host_computed_flag
+from ._forward import (
+    computed_flag,
+    dynamic_labels,
+    forwarded_note,
+    forwarded_outputs,
+    host_computed_flag,
+    leave_out_forwarded,
+)
 
 _INSIDE = (
     "gradsan.jax.guard was called inside a JAX transformation (jit, vmap, grad, scan ...) or "
@@ -124,20 +131,27 @@ def _fused(fun: Callable, keep_inputs: bool) -> Callable | None:
     return fused
 
 
-def _bad_outputs(fun: Callable, out: Any) -> Report:
-    """A report that lists the non-finite outputs only (no replay)."""
+def _bad_outputs(fun: Callable, out: Any, fwd: dict | None = None, ins: Any = None) -> Report:
+    """A report that lists the non-finite outputs only (no replay); the outputs in ``fwd``
+    (returned unchanged from the inputs, see :func:`forwarded_outputs`) are named apart, in
+    one note, with ``ins`` the input leaves' names."""
     report = Report(outputs=out, function=getattr(fun, "__name__", "function"), backend="jax")
-    bad = [
-        str(OutputHit(path or "output", int((~jnp.isfinite(x)).sum()), int(x.size)))
-        for path, x in nonfinite_leaves(out)
-    ]
+    fwd = fwd or {}
+    bad = []
+    for i, (path, x) in enumerate(jax.tree_util.tree_flatten_with_path(out)[0]):
+        if i in fwd or not (_inexact(x) and bool((~jnp.isfinite(x)).any())):
+            continue
+        name = jax.tree_util.keystr(path) or "output"
+        bad.append(str(OutputHit(name, int((~jnp.isfinite(x)).sum()), int(x.size))))
     report.notes.append("non-finite outputs: " + ", ".join(bad) + ".")
+    if fwd:
+        report.notes.append(forwarded_note(fwd, ins or []))
     return report
 
 
-def _summary_report(fun: Callable, out: Any) -> Report:
-    report = _bad_outputs(fun, out)
-    report.notes[-1] = report.notes[-1][:-1] + (
+def _summary_report(fun: Callable, out: Any, fwd: dict | None = None, ins: Any = None) -> Report:
+    report = _bad_outputs(fun, out, fwd, ins)
+    report.notes[0] = report.notes[0][:-1] + (
         ". The inputs were donated to the step, so "
         "they could not be replayed: use gradsan.jax.guard(step) without keep_inputs=False, or "
         "run gradsan.jax.explain(step) on a copy of the inputs."
@@ -322,11 +336,15 @@ class Checker:
         """Replay the failed call through the interpreter: the report of where it went
         non-finite. Inputs consumed by buffer donation cannot be replayed: then the report
         lists the bad outputs and says why."""
+        # outputs returned unchanged from the inputs: not the call's findings (a donated input
+        # cannot be compared with a cond's output: only those always passed through count)
+        fwd = forwarded_outputs(self.fun, args, kwargs, out)
+        ins = dynamic_labels(self.fun, args, kwargs)
         if self.donating and any(
             isinstance(x, jax.Array) and x.is_deleted()
             for x in jax.tree_util.tree_leaves((args, kwargs))
         ):
-            return _summary_report(self.fun, out)
+            return _summary_report(self.fun, out, fwd, ins)
         trace_fun: Callable | None
         if via is not None:
             trace_fun = lambda *a, **k: via(*a, **k)[0]  # noqa: E731
@@ -335,9 +353,10 @@ class Checker:
         try:
             report = _replay(self.fun, args, kwargs, out, trace_fun)
         except UsageError as e:  # a function the replay cannot trace: say why, keep the error
-            report = _bad_outputs(self.fun, out)
+            report = _bad_outputs(self.fun, out, fwd, ins)
             report.notes.append(f"the call could not be replayed: {e}")
             return report
+        report = leave_out_forwarded(report, self.fun, args, kwargs, out, fwd)
         if not report.findings:
             report.notes.append(
                 "the compiled function returned a non-finite value, but the replay through "
