@@ -88,6 +88,48 @@ def _classify_all(
 _FINITE_KEPT = 16
 
 
+def _as_engine(a: Any, o: Any) -> Any:
+    """``a``, a Node's raw output, as the engine hands it on where it handed on ``o``: reduced
+    to ``o``'s shape (torch's ``validate_outputs``: ``at::sum_to``, which ``sum_to_size``
+    runs), cast to ``o``'s dtype and device. None where the engine sent None."""
+    if not isinstance(o, torch.Tensor) or not isinstance(a, torch.Tensor):
+        return None if o is None else a
+    if a.shape != o.shape:
+        a = a.sum_to_size(o.shape)
+    if a.dtype != o.dtype:
+        a = a.to(o.dtype)
+    if a.device != o.device:
+        a = a.to(o.device)
+    return a
+
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bits(a: Any, o: Any) -> bool:
+    """``a`` holds exactly ``o``'s values, bit for bit (a NaN's payload and the sign of a zero
+    too), or both are None."""
+    if a is None or o is None:
+        return a is None and o is None
+    if not isinstance(a, torch.Tensor) or not isinstance(o, torch.Tensor):
+        return False
+    if a.shape != o.shape or a.dtype != o.dtype or a.device != o.device:
+        return False
+    if a is o or not a.numel():
+        return True
+    if not (is_float(a) and is_float(o)):
+        return bool(torch.equal(a, o)) if not (a.is_meta or o.is_meta) else False
+    if a.is_complex():
+        a, o = torch.view_as_real(a), torch.view_as_real(o)
+    bits = _BITS.get(a.element_size())
+    if bits is None:
+        return False
+    try:
+        return bool(torch.equal(a.contiguous().view(bits), o.contiguous().view(bits)))
+    except RuntimeError:  # a layout without a bit view (sparse): not checkable, not the same
+        return False
+
+
 def writes_grad(n: Any) -> bool:
     """``n`` is an AccumulateGrad (it has ``.variable``; torch's other C++ Nodes do not, so
     only Python-defined Nodes are asked)."""
@@ -198,16 +240,10 @@ class NodeHooks:
                 return None
             born = not ins or any(nf and not nan_in for _, nf in outs)
             if born and all(isinstance(g, torch.Tensor) for g in grad_outputs):
-                try:
-                    with dispatch_mode(tr):  # the Node again, its aten ops seen one by one
-                        again = node(*grad_outputs)
-                except Exception:  # a Node Python cannot call (a custom Function's)
-                    again = None
+                again = self._again(node, grad_inputs, grad_outputs)
                 if again is not None:
-                    again = again if isinstance(again, tuple) else (again,)
-                    if len(again) == len(grad_inputs):
-                        self._send(node, again)
-                        return again
+                    self._send(node, again)
+                    return again
             tag = _tag_of(node)
             name = node.name()
             for o, nf in outs:
@@ -218,6 +254,31 @@ class NodeHooks:
             return None
 
         return hook
+
+    def _again(self, node: Any, grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
+        """``node`` run again under the dispatch mode, its outputs made what the engine made of
+        the Node's own: a Node called from Python returns its raw outputs, the engine then
+        reduces a broadcast gradient to its input's shape (``sum_to_size``: a Linear's bias,
+        an add that broadcast) and casts it to its dtype and device. Those steps run under the
+        mode too (a NaN can be born in that sum: ``inf + -inf``). None unless every output has
+        the very bits of the engine's (the re-run is for observation only: what the user's
+        backward computes never changes); then the events the re-run made are dropped."""
+        tr = self.tracer
+        made = set(tr.events)
+        again: Any = None
+        try:
+            with dispatch_mode(tr):  # the Node again, its aten ops seen one by one
+                raw = node(*grad_outputs)
+                raw = raw if isinstance(raw, tuple) else (raw,)
+                if len(raw) == len(grad_inputs):
+                    again = tuple(_as_engine(a, o) for a, o in zip(raw, grad_inputs))
+        except Exception:  # a Node Python cannot call (a custom Function's), a shape not
+            again = None  # reducible to the engine's
+        if again is not None and all(_same_bits(a, o) for a, o in zip(again, grad_inputs)):
+            return again
+        for k in [k for k in tr.events if k not in made]:
+            del tr.events[k]
+        return None
 
     def _known_finite(self, g: torch.Tensor) -> bool:
         """``g`` is a tensor a Node just sent on and found finite, unchanged since (the same
