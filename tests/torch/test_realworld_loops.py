@@ -550,12 +550,6 @@ def test_guard_replay_of_a_step_that_advances_a_counter_first():
     assert _origin(err)[2] == line_of("L:gan-log")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch/_zero.py or _nodes.py (treport): in guard's replay the zero of "
-    "d/dn h / (n + eps) at h == 0 is called 'no gradient flows along this path (an integer "
-    "value or stop_gradient)'; explain calls it the derivative of that expression",
-)
 def test_guard_replay_names_the_zero_as_explain_does():
     step, model, opt, sched, counter = accum_setup()
     losses, failed, err = _guarded_until_raise(step, 8)

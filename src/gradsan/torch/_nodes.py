@@ -29,7 +29,7 @@ from ._mode import (
     key,
     nonfinite,
 )
-from ._zero import record_backward
+from ._zero import has_zero, record_backward
 
 
 def _classify(t: torch.Tensor, total: float, nan_in: bool = False) -> bool | None:
@@ -130,6 +130,32 @@ def _same_bits(a: Any, o: Any) -> bool:
         return False
 
 
+_SAVED: dict[type, tuple[str, ...]] = {}  # a Node type -> the names of what it saves
+
+
+def _saved_zeros(node: Any, o: torch.Tensor) -> list[torch.Tensor]:
+    """The forward values ``node`` saved that hold an exact zero and can be the zero factor of
+    its output ``o`` (one whose zeros ``o`` does not all share is not): what the aten ops of
+    the Node read, so the zero's record of a Node not traced op by op ends where a fully
+    traced backward's does (``x / y``'s gradient for ``y`` reads ``x``; ``x ** 2``'s, ``x``;
+    relu's, its result)."""
+    names = _SAVED.get(type(node))
+    if names is None:
+        names = _SAVED[type(node)] = tuple(n for n in dir(node) if n.startswith("_saved_"))
+    out = []
+    for name in names:
+        try:
+            v = getattr(node, name)
+        except RuntimeError:  # freed (a Node that ran before), or not a tensor to unpack
+            continue
+        if not isinstance(v, torch.Tensor) or not is_float(v) or not has_zero(v):
+            continue
+        if v.shape == o.shape and not bool((o[v == 0] == 0).all()):
+            continue
+        out.append(v)
+    return out
+
+
 def writes_grad(n: Any) -> bool:
     """``n`` is an AccumulateGrad (it has ``.variable``; torch's other C++ Nodes do not, so
     only Python-defined Nodes are asked)."""
@@ -227,7 +253,8 @@ class NodeHooks:
                 if k not in passed:  # a gradient passed on as it is keeps its owner
                     tr.owner[k] = node
                     if k not in tr.zero_bwd:  # where an exact zero was made (the zero's end)
-                        record_backward(tr, node.name(), node, grad_outputs, {}, o)
+                        zin = (*grad_outputs, *_saved_zeros(node, o)) if has_zero(o) else ()
+                        record_backward(tr, node.name(), node, zin, {}, o)
             # an output an inner trace already explains (a backward the Node ran inside itself,
             # as reentrant checkpoint does) keeps its event
             floats = [(o, k) for o, k in floats if k not in tr.events]
