@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from . import _compat
 from ._counts import memo_of, verdicts
 from ._mode import (
     ACCUMULATE,
@@ -29,7 +30,7 @@ from ._mode import (
     key,
     nonfinite,
 )
-from ._zero import has_zero, record_backward
+from ._zero import _DROPS, _PASS_NODES, _PRODUCTS, _SELECTS, has_zero, record_backward
 
 
 def _classify(t: torch.Tensor, total: float, nan_in: bool = False) -> bool | None:
@@ -141,18 +142,26 @@ def _saved_zeros(node: Any, o: torch.Tensor) -> list[torch.Tensor]:
     relu's, its result)."""
     names = _SAVED.get(type(node))
     if names is None:
-        names = _SAVED[type(node)] = tuple(n for n in dir(node) if n.startswith("_saved_"))
-    out = []
-    for name in names:
-        try:
-            v = getattr(node, name)
-        except RuntimeError:  # freed (a Node that ran before), or not a tensor to unpack
-            continue
-        if not isinstance(v, torch.Tensor) or not is_float(v) or not has_zero(v):
-            continue
-        if v.shape == o.shape and not bool((o[v == 0] == 0).all()):
-            continue
-        out.append(v)
+        nm = node.name()
+        # a where's, a slice's, a view's or a sum's zeros are the grad's or its own: the walk
+        # reads no forward value there (torch/_zero.py)
+        passes = nm.startswith(_SELECTS + _DROPS + _PASS_NODES) and not nm.startswith(_PRODUCTS)
+        names = () if passes else tuple(n for n in dir(node) if n.startswith("_saved_"))
+        _SAVED[type(node)] = names
+    out: list[torch.Tensor] = []
+    if not names:
+        return out
+    with _compat.disable_torch_function():  # gradsan's own reads: not the user's ops
+        for name in names:
+            try:
+                v = getattr(node, name)
+            except RuntimeError:  # freed (a Node that ran before), or not a tensor to unpack
+                continue
+            if not isinstance(v, torch.Tensor) or not is_float(v) or not has_zero(v):
+                continue
+            if v.shape == o.shape and bool(((v == 0) & (o != 0)).any()):
+                continue
+            out.append(v)
     return out
 
 
