@@ -7,8 +7,11 @@ linked to the events of its inputs, which is all the blame needs. Only a Node wh
 non-finite value is born (finite inputs, or a NaN from inputs without one) is run again, inside
 its own post-hook (its saved tensors are still alive there), under the tracer's dispatch mode:
 its aten ops give the op, the indeterminate form and where the zero came from, exactly as a
-fully traced backward would; its recomputed outputs replace the originals (the same values),
-so the Nodes after it read the tensors the events name.
+fully traced backward would; its recomputed outputs, made what the engine makes of a Node's
+(summed to each input's shape, cast to its dtype), replace the originals only when they hold the
+very same bits, so the Nodes after it read the tensors the events name and the user's backward
+computes what it computes without gradsan. A Node's record of an exact zero it made lists the
+forward values it saved that hold zeros, as its aten ops would (torch/_zero.py walks them).
 """
 
 from __future__ import annotations
