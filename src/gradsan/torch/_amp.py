@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from ._mode import all_finite
+
 _Scaler: Any = torch.amp.GradScaler
 
 
@@ -142,7 +144,7 @@ class Watch:
         def scale(scaler: Any, outputs: Any) -> Any:
             out = orig_scale(scaler, outputs)
             if watch.enabled and scaler._enabled:
-                watch._mark(scaler, out)
+                watch._mark(scaler, out, outputs)
             return out
 
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -194,7 +196,7 @@ class Watch:
         self.unpatch()
 
     # -- events ----------------------------------------------------------------------------------
-    def _mark(self, scaler: Any, out: Any) -> None:
+    def _mark(self, scaler: Any, out: Any, unscaled: Any = None) -> None:
         if all(s is not scaler for s in self.scalers):
             self.scalers.append(scaler)
         st = stats_of(scaler)
@@ -322,6 +324,8 @@ class GuardWatch(Watch):
         super().__init__()
         self.before: dict[int, tuple] = {}
         self.replay = False
+        self.unscaled: list[torch.Tensor] = []  # the losses the step gave scale() (unread)
+        self.loss_bad = False  # one of them was non-finite before scaling (read on a skip)
 
     def reset(self) -> GuardWatch:
         """Ready for the next step (guard keeps one watch, and its wrappers, per guard)."""
@@ -331,14 +335,18 @@ class GuardWatch(Watch):
             self.before = {}
             self.skipped = False
             self.collapse = None
+            self.unscaled = []
+            self.loss_bad = False
         self.enabled = True
         self.replay = False
         return self
 
-    def _mark(self, scaler: Any, out: Any) -> None:
+    def _mark(self, scaler: Any, out: Any, unscaled: Any = None) -> None:
         if id(scaler) not in self.before and not self.replay:
             self.before[id(scaler)] = _snapshot(scaler)
-        super()._mark(scaler, out)
+        if not self.replay:
+            self.unscaled += [t for t in _tensors(unscaled) if t.is_floating_point()]
+        super()._mark(scaler, out, unscaled)
 
     def before_step(self, scaler: Any, opt: Any, args: tuple, kwargs: dict) -> Any:
         # the replay explains the gradients: no unscaling, no update
@@ -348,12 +356,23 @@ class GuardWatch(Watch):
         return not self.replay
 
     def ignorable(self) -> bool:
-        """The step's non-finite gradients are ones its GradScaler skipped: a note."""
-        return self.skipped and self.collapse is None
+        """The step's non-finite gradients are ones its GradScaler skipped: a note. Not when
+        a loss was already non-finite before scale() (the forward pass made it: skipping
+        the step and lowering the scale cannot fix that); read only on a skipped step."""
+        if not (self.skipped and self.collapse is None):
+            return False
+        self.loss_bad = not all(all_finite(t.detach()) for t in self.unscaled)
+        return not self.loss_bad
 
     def report_notes(self) -> list[str]:
         if self.collapse is not None:
             return [collapse_note(self.collapse[1])]
+        if self.loss_bad:
+            return [
+                "the loss was already non-finite when the step gave it to GradScaler.scale (the "
+                "forward pass made it, not the scaling): the scaler skips such a step, but no "
+                "scale can fix it, so gradsan reports it at once"
+            ]
         if self.scalers:
             return [
                 "the step used a GradScaler, which did not skip it: the non-finite gradient "
