@@ -513,12 +513,6 @@ def test_vae_kld_overflow_explained():
 # ---- what gradsan does not do right yet, in files other helpers own (strict xfails) ------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch/_nodes.py (treport): the replay re-runs AddmmBackward0 and returns the bias "
-    "gradient unreduced ([8, 1] for a [1] bias): RuntimeError: hook 'hook' has changed the "
-    "size of value",
-)
 def test_guard_replay_of_a_nan_born_in_a_linear_backward():
     # MAPE with a zero target (a relative error): the inf of 1 / |y| meets the Linear's zeros
     trainer = Trainer(bad=3, relative=True)
@@ -526,10 +520,6 @@ def test_guard_replay_of_a_nan_born_in_a_linear_backward():
     assert failed == 3 and _origin(err)[2] == line_of("L:mape")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch/_nodes.py (treport): the same crash in the replay of pytorch/examples vae",
-)
 def test_guard_on_the_vae_training_loop():
     step, model, opt = vae_setup(bad=2)
     losses, failed, err = _guarded_until_raise(step, 5)
@@ -551,12 +541,6 @@ def test_guard_replay_of_a_step_that_advances_a_counter_first():
     assert any("as they were when the step began" in n for n in err.report.notes)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch/_zero.py or _nodes.py (treport): in guard's replay the zero of "
-    "d/dn h / (n + eps) at h == 0 is called 'no gradient flows along this path (an integer "
-    "value or stop_gradient)'; explain calls it the derivative of that expression",
-)
 def test_guard_replay_names_the_zero_as_explain_does():
     step, model, opt, sched, counter = accum_setup()
     losses, failed, err = _guarded_until_raise(step, 8)

@@ -7,8 +7,11 @@ linked to the events of its inputs, which is all the blame needs. Only a Node wh
 non-finite value is born (finite inputs, or a NaN from inputs without one) is run again, inside
 its own post-hook (its saved tensors are still alive there), under the tracer's dispatch mode:
 its aten ops give the op, the indeterminate form and where the zero came from, exactly as a
-fully traced backward would; its recomputed outputs replace the originals (the same values),
-so the Nodes after it read the tensors the events name.
+fully traced backward would; its recomputed outputs, made what the engine makes of a Node's
+(summed to each input's shape, cast to its dtype), replace the originals only when they hold the
+very same bits, so the Nodes after it read the tensors the events name and the user's backward
+computes what it computes without gradsan. A Node's record of an exact zero it made lists the
+forward values it saved that hold zeros, as its aten ops would (torch/_zero.py walks them).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import torch
 
+from . import _compat
 from ._counts import memo_of, verdicts
 from ._mode import (
     ACCUMULATE,
@@ -29,7 +33,7 @@ from ._mode import (
     key,
     nonfinite,
 )
-from ._zero import record_backward
+from ._zero import _DROPS, _PASS_NODES, _PRODUCTS, _SELECTS, has_zero, record_backward
 
 
 def _classify(t: torch.Tensor, total: float, nan_in: bool = False) -> bool | None:
@@ -86,6 +90,82 @@ def _classify_all(
 
 
 _FINITE_KEPT = 16
+
+
+def _as_engine(a: Any, o: Any) -> Any:
+    """``a``, a Node's raw output, as the engine hands it on where it handed on ``o``: reduced
+    to ``o``'s shape (torch's ``validate_outputs``: ``at::sum_to``, which ``sum_to_size``
+    runs), cast to ``o``'s dtype and device. None where the engine sent None."""
+    if not isinstance(o, torch.Tensor) or not isinstance(a, torch.Tensor):
+        return None if o is None else a
+    if a.shape != o.shape:
+        a = a.sum_to_size(o.shape)
+    if a.dtype != o.dtype:
+        a = a.to(o.dtype)
+    if a.device != o.device:
+        a = a.to(o.device)
+    return a
+
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _same_bits(a: Any, o: Any) -> bool:
+    """``a`` holds exactly ``o``'s values, bit for bit (a NaN's payload and the sign of a zero
+    too), or both are None."""
+    if a is None or o is None:
+        return a is None and o is None
+    if not isinstance(a, torch.Tensor) or not isinstance(o, torch.Tensor):
+        return False
+    if a.shape != o.shape or a.dtype != o.dtype or a.device != o.device:
+        return False
+    if a is o or not a.numel():
+        return True
+    if not (is_float(a) and is_float(o)):
+        return bool(torch.equal(a, o)) if not (a.is_meta or o.is_meta) else False
+    if a.is_complex():
+        a, o = torch.view_as_real(a), torch.view_as_real(o)
+    bits = _BITS.get(a.element_size())
+    if bits is None:
+        return False
+    try:
+        return bool(torch.equal(a.contiguous().view(bits), o.contiguous().view(bits)))
+    except RuntimeError:  # a layout without a bit view (sparse): not checkable, not the same
+        return False
+
+
+_SAVED: dict[type, tuple[str, ...]] = {}  # a Node type -> the names of what it saves
+
+
+def _saved_zeros(node: Any, o: torch.Tensor) -> list[torch.Tensor]:
+    """The forward values ``node`` saved that hold an exact zero and can be the zero factor of
+    its output ``o`` (one whose zeros ``o`` does not all share is not): what the aten ops of
+    the Node read, so the zero's record of a Node not traced op by op ends where a fully
+    traced backward's does (``x / y``'s gradient for ``y`` reads ``x``; ``x ** 2``'s, ``x``;
+    relu's, its result)."""
+    names = _SAVED.get(type(node))
+    if names is None:
+        nm = node.name()
+        # a where's, a slice's, a view's or a sum's zeros are the grad's or its own: the walk
+        # reads no forward value there (torch/_zero.py)
+        passes = nm.startswith(_SELECTS + _DROPS + _PASS_NODES) and not nm.startswith(_PRODUCTS)
+        names = () if passes else tuple(n for n in dir(node) if n.startswith("_saved_"))
+        _SAVED[type(node)] = names
+    out: list[torch.Tensor] = []
+    if not names:
+        return out
+    with _compat.disable_torch_function():  # gradsan's own reads: not the user's ops
+        for name in names:
+            try:
+                v = getattr(node, name)
+            except RuntimeError:  # freed (a Node that ran before), or not a tensor to unpack
+                continue
+            if not isinstance(v, torch.Tensor) or not is_float(v) or not has_zero(v):
+                continue
+            if v.shape == o.shape and bool(((v == 0) & (o != 0)).any()):
+                continue
+            out.append(v)
+    return out
 
 
 def writes_grad(n: Any) -> bool:
@@ -185,7 +265,8 @@ class NodeHooks:
                 if k not in passed:  # a gradient passed on as it is keeps its owner
                     tr.owner[k] = node
                     if k not in tr.zero_bwd:  # where an exact zero was made (the zero's end)
-                        record_backward(tr, node.name(), node, grad_outputs, {}, o)
+                        zin = (*grad_outputs, *_saved_zeros(node, o)) if has_zero(o) else ()
+                        record_backward(tr, node.name(), node, zin, {}, o)
             # an output an inner trace already explains (a backward the Node ran inside itself,
             # as reentrant checkpoint does) keeps its event
             floats = [(o, k) for o, k in floats if k not in tr.events]
@@ -198,16 +279,10 @@ class NodeHooks:
                 return None
             born = not ins or any(nf and not nan_in for _, nf in outs)
             if born and all(isinstance(g, torch.Tensor) for g in grad_outputs):
-                try:
-                    with dispatch_mode(tr):  # the Node again, its aten ops seen one by one
-                        again = node(*grad_outputs)
-                except Exception:  # a Node Python cannot call (a custom Function's)
-                    again = None
+                again = self._again(node, grad_inputs, grad_outputs)
                 if again is not None:
-                    again = again if isinstance(again, tuple) else (again,)
-                    if len(again) == len(grad_inputs):
-                        self._send(node, again)
-                        return again
+                    self._send(node, again)
+                    return again
             tag = _tag_of(node)
             name = node.name()
             for o, nf in outs:
@@ -218,6 +293,31 @@ class NodeHooks:
             return None
 
         return hook
+
+    def _again(self, node: Any, grad_inputs: tuple, grad_outputs: tuple) -> tuple | None:
+        """``node`` run again under the dispatch mode, its outputs made what the engine made of
+        the Node's own: a Node called from Python returns its raw outputs, the engine then
+        reduces a broadcast gradient to its input's shape (``sum_to_size``: a Linear's bias,
+        an add that broadcast) and casts it to its dtype and device. Those steps run under the
+        mode too (a NaN can be born in that sum: ``inf + -inf``). None unless every output has
+        the very bits of the engine's (the re-run is for observation only: what the user's
+        backward computes never changes); then the events the re-run made are dropped."""
+        tr = self.tracer
+        made = set(tr.events)
+        again: Any = None
+        try:
+            with dispatch_mode(tr):  # the Node again, its aten ops seen one by one
+                raw = node(*grad_outputs)
+                raw = raw if isinstance(raw, tuple) else (raw,)
+                if len(raw) == len(grad_inputs):
+                    again = tuple(_as_engine(a, o) for a, o in zip(raw, grad_inputs))
+        except Exception:  # a Node Python cannot call (a custom Function's), a shape not
+            again = None  # reducible to the engine's
+        if again is not None and all(_same_bits(a, o) for a, o in zip(again, grad_inputs)):
+            return again
+        for k in [k for k in tr.events if k not in made]:
+            del tr.events[k]
+        return None
 
     def _known_finite(self, g: torch.Tensor) -> bool:
         """``g`` is a tensor a Node just sent on and found finite, unchanged since (the same

@@ -337,6 +337,8 @@ def record_backward(tracer: Any, name: str, node: Any, args: tuple, kwargs: dict
     if not has_zero(o):
         return
     ins = [a for a in tensors_in(args) if a is not o]
+    if not name.endswith("_") and any(key(a) == key(o) for a in ins):
+        return  # a view with its input's very layout (a saved tensor's detach): no new zero
     zin = [key(a) for a in ins if has_zero(a)]
     from_bool = bool(ins) and not any(is_float(a) for a in ins)
     inf_in = any(is_float(a) and bool(torch.isinf(a).any()) for a in ins if a.numel() < 1 << 22)
