@@ -30,7 +30,7 @@ def _setup(bad: int, *, overflow: bool = False):
                 pred = torch.log(pred - 100.0)  # L:amp-log
             loss = pred.pow(2).mean()
             if i == bad and overflow:
-                loss = loss * 1e36  # finite; its scaled gradients overflow float32
+                loss = loss * 1e37  # finite; scaled by 256 it overflows float32
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -50,9 +50,12 @@ def test_a_nan_loss_before_scaling_is_reported_at_its_step():
     f = ei.value.report.findings[0]
     assert f.catalog_id == "log-of-negative" or f.primitive == "log", ei.value.report
     assert f.where is not None and f.where.line == line_of("L:amp-log")
-    assert any("before" in n and "GradScaler.scale" in n for n in ei.value.report.notes)
+    assert any(
+        "already non-finite when the step gave it to GradScaler.scale" in n
+        for n in ei.value.report.notes
+    )
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
-    assert scaler.get_scale() == 2.0**8  # the scaler left as the step left it: no backoff yet
+    assert scaler.get_scale() == 2.0**7  # as the failing step left it (its own backoff)
 
 
 def test_an_overflow_of_the_scaled_gradients_is_still_a_note():
