@@ -133,18 +133,38 @@ def test_gradsan_run_gradscaler_example_runs_to_the_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_gradsan_run_stops_when_the_scale_collapses(tmp_path):
+def test_gradsan_run_stops_at_a_loss_already_nan_before_scaling(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "gradsan", "run", str(EXAMPLE), "--nan-from", "12"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
     )
     assert r.returncode == 3, r.stderr
     log_line = line_of(EXAMPLE, "the bug: log of a negative number")
     assert f"log at {EXAMPLE}:{log_line} (main)" in r.stderr
     assert "loss scaled by a GradScaler" in r.stderr
+    assert "already non-finite when the step gave it to GradScaler.scale" in r.stderr
+    assert "step 12 " not in r.stdout  # stopped in step 12, before its print
+    assert "not an error" not in r.stderr
+
+
+@pytest.mark.slow
+def test_gradsan_run_stops_when_the_scale_collapses(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "gradsan", "run", str(EXAMPLE), "--inf-grad-from", "12"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 3, r.stderr
+    line = line_of(EXAMPLE, "the bug: sqrt at 0, inf slope")
+    assert f"sqrt at {EXAMPLE}:{line} (main)" in r.stderr
+    assert "the scaler had skipped the 7 step(s) before it" in r.stderr  # steps 12-18
+    assert "not an overflow the scaling causes" in r.stderr
+    assert "step 18 " in r.stdout and "step 19 " not in r.stdout
     assert "not an error" not in r.stderr
 
 
