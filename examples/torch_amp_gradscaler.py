@@ -6,10 +6,17 @@ counts those skipped steps in a note and lets training run to the end:
 
     gradsan run examples/torch_amp_gradscaler.py            # exit 0, a note on skipped steps
 
-With ``--nan-from K`` the loss takes the log of a negative number from step K on: every step
-is skipped, the scale collapses below 1 and gradsan stops with the origin of the NaN:
+With ``--nan-from K`` the loss takes the log of a negative number from step K on: a loss that
+is NaN before the scaler multiplies it is no overflow a skip can fix, so gradsan stops at step
+K with the origin of the NaN:
 
     gradsan run examples/torch_amp_gradscaler.py --nan-from 12   # exit 3
+
+With ``--inf-grad-from K`` the loss stays finite but its gradient is infinite at every scale
+(a square root at 0): every step is skipped, the scale collapses below 1 and gradsan stops with
+the origin:
+
+    gradsan run examples/torch_amp_gradscaler.py --inf-grad-from 12   # exit 3
 """
 
 import argparse
@@ -18,7 +25,7 @@ import torch
 from torch import nn
 
 
-def main(steps: int = 30, nan_from: int | None = None) -> None:
+def main(steps: int = 30, nan_from: int | None = None, inf_grad_from: int | None = None) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -31,6 +38,8 @@ def main(steps: int = 30, nan_from: int | None = None) -> None:
             pred = model(x).float()
             if nan_from is not None and step >= nan_from:
                 pred = torch.log(pred - 100.0)  # the bug: log of a negative number
+            if inf_grad_from is not None and step >= inf_grad_from:
+                pred = pred + torch.sqrt(pred - pred.detach())  # the bug: sqrt at 0, inf slope
             loss = (pred - y).pow(2).sum()
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -43,5 +52,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--nan-from", type=int, default=None)
+    ap.add_argument("--inf-grad-from", type=int, default=None)
     a = ap.parse_args()
-    main(a.steps, a.nan_from)
+    main(a.steps, a.nan_from, a.inf_grad_from)

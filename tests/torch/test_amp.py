@@ -63,7 +63,9 @@ def test_guard_reports_a_collapsing_scale_with_the_line_of_the_nan():
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16):
             pred = model(x).float()
-            pred = torch.log(pred - 100.0)  # L:log
+            # a finite loss whose gradient is inf at every scale (a NaN loss from the forward
+            # is reported at once instead: test_guard_amp_loss.py)
+            pred = torch.sqrt(pred - pred.detach())  # L:log
             loss = (pred - y).pow(2).sum()
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -78,7 +80,7 @@ def test_guard_reports_a_collapsing_scale_with_the_line_of_the_nan():
     st = _amp.stats_of(scaler)
     assert st.consecutive == 5 and st.last_scale == 0.5  # 16 -> 8 -> 4 -> 2 -> 1 -> 0.5
     f = e.value.report.findings[0]
-    assert f.primitive == "log" and f.where.line == line_of(__file__, "L:log")
+    assert f.primitive == "sqrt" and f.where.line == line_of(__file__, "L:log")
     assert any("scale collapsed (2**4 -> 0.5)" in n for n in e.value.report.notes)
     assert torch.equal(model[0].weight, w0)  # every step was skipped, the replay applied none
     assert scaler.get_scale() == 0.5  # the replay left the scaler as the step left it
@@ -131,18 +133,38 @@ def test_gradsan_run_gradscaler_example_runs_to_the_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_gradsan_run_stops_when_the_scale_collapses(tmp_path):
+def test_gradsan_run_stops_at_a_loss_already_nan_before_scaling(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "gradsan", "run", str(EXAMPLE), "--nan-from", "12"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
     )
     assert r.returncode == 3, r.stderr
     log_line = line_of(EXAMPLE, "the bug: log of a negative number")
     assert f"log at {EXAMPLE}:{log_line} (main)" in r.stderr
     assert "loss scaled by a GradScaler" in r.stderr
+    assert "already non-finite when the step gave it to GradScaler.scale" in r.stderr
+    assert "step 12 " not in r.stdout  # stopped in step 12, before its print
+    assert "not an error" not in r.stderr
+
+
+@pytest.mark.slow
+def test_gradsan_run_stops_when_the_scale_collapses(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "gradsan", "run", str(EXAMPLE), "--inf-grad-from", "12"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 3, r.stderr
+    line = line_of(EXAMPLE, "the bug: sqrt at 0, inf slope")
+    assert f"sqrt at {EXAMPLE}:{line} (main)" in r.stderr
+    assert "the scaler had skipped the 7 step(s) before it" in r.stderr  # steps 12-18
+    assert "not an overflow the scaling causes" in r.stderr
+    assert "step 18 " in r.stdout and "step 19 " not in r.stdout
     assert "not an error" not in r.stderr
 
 

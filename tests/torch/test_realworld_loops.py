@@ -437,12 +437,16 @@ def test_trainer_method_as_the_step():
     _same(_state(trainer.model, trainer.opt), _state(plain.model, plain.opt))
 
 
-def test_amp_bf16_gradscaler_reports_when_the_scale_collapses():
+def test_amp_bf16_gradscaler_reports_a_nan_loss_at_its_step():
+    # the loss is NaN before scaling (the forward made it): no scale can fix that, so it is
+    # reported at its first step, not after the scale has collapsed
     step, model, opt, scaler, state = amp_setup(bad=3)
     losses, failed, err = _guarded_until_raise(step, 16)
-    assert failed is not None and scaler.get_scale() < 1
+    assert failed == 3 and scaler.get_scale() == 2.0**7  # the failing step's own backoff
     assert _origin(err) == ("log-of-negative", str(HERE), line_of("L:amp-log"))
-    assert any("GradScaler skipped" in n and "collapsed" in n for n in err.report.notes)
+    assert any(
+        "already non-finite when the step gave it to GradScaler" in n for n in err.report.notes
+    )
     pstep, pmodel, popt, pscaler, _ = amp_setup(bad=3)
     assert [pstep().item() for _ in range(3)] == losses[:3]  # the clean steps untouched
 

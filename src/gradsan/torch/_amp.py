@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from ._mode import all_finite
+
 _Scaler: Any = torch.amp.GradScaler
 
 
@@ -110,6 +112,8 @@ class Watch:
 
     def __init__(self) -> None:
         self.scaled: dict[int, tuple[weakref.ref, Any]] = {}  # data_ptr -> (loss, scaler)
+        # data_ptr of a scaled loss -> the loss as the step gave it to scale(), until update()
+        self.unscaled_of: dict[int, torch.Tensor] = {}
         self.scalers: list[Any] = []
         self.skipped = False  # a step this watch saw was skipped by its scaler
         self.collapse: tuple[Any, Stats] | None = None
@@ -142,7 +146,7 @@ class Watch:
         def scale(scaler: Any, outputs: Any) -> Any:
             out = orig_scale(scaler, outputs)
             if watch.enabled and scaler._enabled:
-                watch._mark(scaler, out)
+                watch._mark(scaler, out, outputs)
             return out
 
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -194,7 +198,7 @@ class Watch:
         self.unpatch()
 
     # -- events ----------------------------------------------------------------------------------
-    def _mark(self, scaler: Any, out: Any) -> None:
+    def _mark(self, scaler: Any, out: Any, unscaled: Any = None) -> None:
         if all(s is not scaler for s in self.scalers):
             self.scalers.append(scaler)
         st = stats_of(scaler)
@@ -202,6 +206,9 @@ class Watch:
             st.first_scale = _scale_value(scaler)
         for t in _tensors(out):
             self.scaled[t.data_ptr()] = (weakref.ref(t), scaler)
+        if unscaled is not None:  # the loss as the step gave it (kept until the update)
+            for t, u in zip(_tensors(out), _tensors(unscaled)):
+                self.unscaled_of[t.data_ptr()] = u
 
     def scaler_of(self, t: torch.Tensor) -> Any:
         """The GradScaler whose ``scale()`` made ``t`` (or a detached view of it), else None."""
@@ -236,6 +243,7 @@ class Watch:
         if not skipped:
             st.consecutive = 0
             self.scaled.clear()
+            self.unscaled_of.clear()
             return
         st.skipped += 1
         st.consecutive += 1
@@ -244,6 +252,7 @@ class Watch:
             st.skipped_at.append(st.steps)
         st.last_scale = _scale_value(scaler)
         self.scaled.clear()
+        self.unscaled_of.clear()
         if collapsed(st.last_scale):
             self.collapse = (scaler, st)
             self.on_collapse(scaler, st)
@@ -274,6 +283,23 @@ def collapse_note(st: Stats) -> str:
         "than 1, so the scaling does not explain them; the origin above is a real NaN/Inf "
         "(training makes no progress while every step is skipped)"
     )
+
+
+LOSS_BAD_NOTE = (
+    "the loss was already non-finite when the step gave it to GradScaler.scale (the forward "
+    "pass made it, not the scaling): the scaler skips such a step, but no scale can fix it, "
+    "so gradsan reports it at once"
+)
+
+
+def unscaled_bad(watch: Watch, scaled: list) -> bool:
+    """Whether a loss ``scale()`` was given, of the scaled tensors ``scaled``, was already
+    non-finite (read only when asked: on a step whose gradients are non-finite)."""
+    for t in scaled:
+        u = watch.unscaled_of.get(t.data_ptr()) if isinstance(t, torch.Tensor) else None
+        if u is not None and not all_finite(u.detach()):
+            return True
+    return False
 
 
 def scaled_note(scaler: Any) -> str:
@@ -322,6 +348,8 @@ class GuardWatch(Watch):
         super().__init__()
         self.before: dict[int, tuple] = {}
         self.replay = False
+        self.unscaled: list[torch.Tensor] = []  # the losses the step gave scale() (unread)
+        self.loss_bad = False  # one was non-finite before scaling (read on a skipped step)
 
     def reset(self) -> GuardWatch:
         """Ready for the next step (guard keeps one watch, and its wrappers, per guard)."""
@@ -331,14 +359,19 @@ class GuardWatch(Watch):
             self.before = {}
             self.skipped = False
             self.collapse = None
+            self.unscaled_of = {}
+            self.unscaled = []
+            self.loss_bad = False
         self.enabled = True
         self.replay = False
         return self
 
-    def _mark(self, scaler: Any, out: Any) -> None:
+    def _mark(self, scaler: Any, out: Any, unscaled: Any = None) -> None:
         if id(scaler) not in self.before and not self.replay:
             self.before[id(scaler)] = _snapshot(scaler)
-        super()._mark(scaler, out)
+        if not self.replay:  # (kept past update(): guard reads them after the step)
+            self.unscaled += [t for t in _tensors(unscaled) if t.is_floating_point()]
+        super()._mark(scaler, out, None if self.replay else unscaled)
 
     def before_step(self, scaler: Any, opt: Any, args: tuple, kwargs: dict) -> Any:
         # the replay explains the gradients: no unscaling, no update
@@ -348,12 +381,19 @@ class GuardWatch(Watch):
         return not self.replay
 
     def ignorable(self) -> bool:
-        """The step's non-finite gradients are ones its GradScaler skipped: a note."""
-        return self.skipped and self.collapse is None
+        """The step's non-finite gradients are ones its GradScaler skipped: a note. Not when
+        a loss was already non-finite before scale() (the forward pass made it: skipping
+        the step and lowering the scale cannot fix that); read only on a skipped step."""
+        if not (self.skipped and self.collapse is None):
+            return False
+        self.loss_bad = not all(all_finite(t.detach()) for t in self.unscaled)
+        return not self.loss_bad
 
     def report_notes(self) -> list[str]:
         if self.collapse is not None:
             return [collapse_note(self.collapse[1])]
+        if self.loss_bad:
+            return [LOSS_BAD_NOTE]
         if self.scalers:
             return [
                 "the step used a GradScaler, which did not skip it: the non-finite gradient "
@@ -423,6 +463,7 @@ class RunWatch(Watch):
         self.pending: _Pending | None = None
         self.replayed: Any = None  # the replay child: the scaler of the traced backward
         self.failed = False
+        self.loss_bad = False  # a deferred-looking backward's loss was non-finite unscaled
 
     def install(self) -> RunWatch:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -444,6 +485,11 @@ class RunWatch(Watch):
         GradScaler, whose ``step`` decides (skip: a note; no skip: a failure)."""
         scaler = next((s for s in map(self.scaler_of, extra) if s is not None), None)
         if scaler is None:
+            return False
+        if unscaled_bad(self, extra):  # the forward made it: no skip can fix it, report now
+            self.loss_bad = True
+            if not self.checking:
+                self.replayed = scaler
             return False
         if not self.checking:
             self.replayed = scaler  # the replay child traces it: say it was scaled
@@ -529,6 +575,8 @@ class RunWatch(Watch):
         """The replay child's traced report of a scaled backward says so."""
         if self.replayed is not None and f.report is not None:
             f.report.notes.append(scaled_note(self.replayed))
+            if self.loss_bad:
+                f.report.notes.append(LOSS_BAD_NOTE)
 
     def _summary(self) -> None:
         if not self.checking or self.failed:
