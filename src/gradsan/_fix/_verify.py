@@ -284,6 +284,8 @@ class _Program:
                     continue
 
                 def move(leaf: Any) -> Any:
+                    if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+                        return leaf  # a typed PRNG key (jax.random.key) is no float to move
                     a = np.asarray(leaf)
                     if a.dtype.kind != "f":
                         return leaf
