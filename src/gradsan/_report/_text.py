@@ -85,6 +85,8 @@ def headline(f: Finding) -> str:
     target = _target(f)
     if f.catalog_id == "nonfinite-input":
         return f"{what} in {target}: it was already in the input: {f.values}."
+    if f.where is None and f.primitive == "?":  # guard's gradients, not located by a replay
+        return f"{what} in {target}: gradsan did not locate the operation that made it."
     lib = f" (inside {f.library})" if f.library else ""
     got = f.detail.get("got")
     s = f"{what} in {target}: {f.primitive}{lib} at {f.where}"

@@ -176,16 +176,21 @@ def _std_params(args: tuple, kwargs: dict) -> dict:
 
 
 def _values_at(args: tuple, shape: Any, idx: tuple) -> tuple | None:
-    """The two tensor operands' values at ``idx`` (None unless there are exactly two)."""
+    """The two tensor operands' values at ``idx`` (None unless there are exactly two, and
+    unless they are a zero and a non-finite value: a contraction's (bmm's) operands at the
+    output's index are not the pair that met)."""
     ops = [a for a in args if isinstance(a, torch.Tensor) and is_float(a)]
     if len(ops) != 2:
         return None
     try:
-        return tuple(
+        vals = tuple(
             torch.broadcast_to(a, shape)[idx].item() if idx else a.flatten()[0].item() for a in ops
         )
     except (RuntimeError, ValueError, IndexError):
         return None
+    if not (0.0 in vals and any(math.isinf(v) or math.isnan(v) for v in vals)):
+        return None
+    return vals
 
 
 def _first_index(mask: torch.Tensor) -> tuple[int, ...]:
@@ -463,9 +468,7 @@ class Tracer:
         if (
             not inputs
             and not nan
-            and any(
-                isinstance(v, float) and math.isinf(v) for v in list(args) + list(kwargs.values())
-            )
+            and any(_inf_literal(v) for v in list(args) + list(kwargs.values()))
         ):
             ev.intentional = True
         elif inputs and not nan and all(_constant_mask(a, p) for a, p in inputs):
@@ -781,6 +784,16 @@ class _Dataflow:
     @staticmethod
     def record(v: Event | External) -> Event | External:
         return v
+
+
+def _inf_literal(v: Any, depth: int = 0) -> bool:
+    """``v`` is an infinite Python float, or a (nested) list or tuple holding one: the -inf
+    of ``torch.tensor([[0.0, float("-inf")]])``, a mask the user wrote out."""
+    if isinstance(v, float):
+        return math.isinf(v)
+    if isinstance(v, (list, tuple)) and depth < 8:
+        return any(_inf_literal(x, depth + 1) for x in v)
+    return False
 
 
 def _holds_nan(p: Event | External) -> bool:

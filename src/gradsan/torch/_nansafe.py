@@ -90,6 +90,12 @@ def _out_shape(node: Any) -> torch.Size | None:
         return None
 
 
+NO_REPAIR = (
+    "nansafe made no repair: no non-finite gradient above is a 0 * inf (or 0 / 0) whose zero "
+    "is structural (a value already non-finite in the forward pass stays as it is)"
+)
+
+
 class _Repairer:
     """Computes the structural-zero masks of a graph and hooks the Nodes that need them."""
 
@@ -231,3 +237,6 @@ class nansafe(explain):
                 node=name,
             )
             self.report.findings.append(build(ev))
+        if not by_node and any(f.kind in ("nonfinite", "unresolved") for f in self.report.findings):
+            # the user asked for repairs: say that none was made, and why (one line)
+            self.report.notes.append(NO_REPAIR)
