@@ -152,11 +152,6 @@ def test_nnx_step_on_a_clean_batch_is_clean():
     assert report.ok and not report.findings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_fix/_verify.py (treport) re-runs an nnx.jit step on the user's own module and "
-    "optimizer to check a fix: the user's optimizer takes a second step",
-)
 def test_explain_of_an_nnx_step_updates_the_users_model_once():
     fun, (model, opt, a, b) = rn.make_nnx_step()
     gsj.explain(fun)(model, opt, a, b)
