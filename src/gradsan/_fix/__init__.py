@@ -163,6 +163,18 @@ def verified_before(run, fun, args, kwargs, backend: str):  # type: ignore[no-un
     verifier's runs gets a copy of that state, so the user's objects stay as ``run()`` left
     them. Where the arguments cannot be copied, the verifier is given them as they are and
     runs nothing (it says so)."""
+    if backend == "torch":  # the step's modules, optimizers and RNGs as they were, then back
+        from ._verify_torch import Saved
+
+        before = Saved(fun, tuple(args), dict(kwargs or {}))
+        report = run()
+        after = Saved(fun, tuple(args), dict(kwargs or {}))
+        before.restore()
+        try:
+            verify_report(report, fun, args, kwargs, backend)
+        finally:
+            after.restore()
+        return report
     from ._copies import Uncopyable, copied
 
     try:
