@@ -85,3 +85,20 @@ def test_a_step_reading_an_iterator_is_not_run_again():
         pytest.skip("no code fix proposed for this program")
     assert all("batches" in p.checked and p.status != "verified" for p in fixes)
     assert len(list(batches)) == 2  # the user's call took one batch, and no other
+
+
+LIN = nn.Linear(2, 2).double()
+with torch.no_grad():
+    LIN.weight.zero_()
+    LIN.bias.zero_()
+
+
+def abs_of_a_global_layer(x):
+    return torch.abs(LIN(x)).sum()  # |0|: a kink the gradient of LIN's parameters sits on
+
+
+def test_a_kink_fix_is_not_verified_by_an_empty_gradient():
+    rep = gst.sanitize(abs_of_a_global_layer)(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    fixes = [p for f in rep.findings for p in f.fixes if p.code]
+    assert fixes, str(rep)
+    assert all(p.status != "verified" for p in fixes), [p.checked for p in fixes]

@@ -373,12 +373,7 @@ def _check(prog: _TorchProgram, p: FixProposal) -> tuple[str, str]:
     else:
         checked.append("same value")
     if not grads:  # no leaf among the arguments: nothing of the gradient to compare
-        mods, _, _ = reached(prog.fn)
-        where = f" ({', '.join(n for n, _ in mods)} in its closure or globals)" if mods else ""
-        return "unverified", (
-            f"the step's parameters are not among its arguments{where}, so gradsan compared its "
-            f"loss only ({', '.join(checked)}), not its gradient"
-        )
+        return loss_only(prog, checked)
     with prog.original():
         fd = prog.central(grads)
     if fd is False:
@@ -414,6 +409,17 @@ def _check(prog: _TorchProgram, p: FixProposal) -> tuple[str, str]:
             NO_GRADIENT_TORCH, f"the fixed gradient {_show(grads)}", checked
         )
     return "verified", ", ".join(checked)
+
+
+def loss_only(prog: _TorchProgram, checked: list[str]) -> tuple[str, str]:
+    """The verdict where the step has no leaf among its arguments (its parameters live in its
+    closure): the gradient was not compared, so the fix is not verified."""
+    mods, _, _ = reached(prog.fn)
+    where = f" ({', '.join(n for n, _ in mods)} in its closure or globals)" if mods else ""
+    return "unverified", (
+        f"the step's parameters are not among its arguments{where}, so gradsan compared its "
+        f"loss only ({', '.join(checked)}), not its gradient"
+    )
 
 
 def verify_one(prog: _TorchProgram, f: Finding, p: FixProposal) -> tuple[str, str]:
