@@ -49,9 +49,13 @@ def test_offered_and_verified_under_a_mask():
         gst.explain(torch_masked)(torch.tensor([0.0, 1.0], requires_grad=True)),
     ):
         f = _fix(report)
-        first = next(p for p in f.fixes if p.status != "failed")
-        assert "safe.xlogy(x, x)" in first.replacement and first.status == "verified", str(report)
-        assert "gradient [0, 1]" in first.checked
+        # the where's double where comes first (it guards the log's argument), then safe.xlogy:
+        # both printed, both verified
+        printed = [p for p in f.fixes if p.status != "failed"]
+        dw, safe = printed[0], _safe_xlogy(f)[0]
+        assert "xlogy(x, " in dw.replacement and "where(" in dw.replacement.split("xlogy(x, ")[1]
+        for p in (dw, safe):
+            assert p.status == "verified" and "gradient [0, 1]" in p.checked, str(report)
 
 
 def test_never_verified_where_the_slope_is_minus_inf():

@@ -174,7 +174,7 @@ def _verify(todo: list[Finding], frame: types.FrameType) -> str | None:
     args = []
     inputs = []
     for n in names:
-        if n in local:
+        if n in local and not (n in glob and local[n] is glob[n] and _stateless(local[n])):
             if not _plain(local[n]):
                 return NOT_COPYABLE.format(name=n)
             inputs.append(n)

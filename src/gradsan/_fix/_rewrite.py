@@ -485,8 +485,9 @@ def rewrite_where_guard(site: Site, backend: str) -> tuple[str, Rewrite] | None:
             if w is not None and w.canon == "where" and len(n.args) == 3 and not n.keywords:
                 cond, a, b = n.args
                 if child is a or child is b:
-                    # the operand that is singular: a quotient's denominator, else the first
-                    x = call.operands[1] if call.canon == "div" else call.operands[0]
+                    # the operand that is singular: a quotient's denominator, xlogy's log
+                    # argument (xlogy(x, 0) = -inf for x != 0), else the first
+                    x = call.operands[1] if call.canon in ("div", "xlogy") else call.operands[0]
                     xs, cs = site.segment(x), site.segment(cond)
                     fill = "1.0"
                     guard = f"{site.segment(n.func)}({cs}, {xs}, {fill})"
@@ -561,7 +562,7 @@ def rewrite_where_from(site: Site, where: Site, backend: str) -> Rewrite | None:
     if w is None:
         return None
     cond, a, b = w.args
-    x = call.operands[1] if call.canon == "div" else call.operands[0]
+    x = call.operands[1] if call.canon in ("div", "xlogy") else call.operands[0]
     fill = "0.0" if call.canon == "log1p" else "1.0"
     cs, xs, fn = _defined_before(where, cond, st), site.segment(x), where.segment(w.func)
     if isinstance(a, ast.Name) and a.id == target.id:

@@ -28,12 +28,18 @@ from typing import Any
 import numpy as np
 
 from .._report._records import Finding, FixProposal, Report
+from ._copies import Uncopyable, copied
 from ._cost import REFERENCE_MAX_EQNS, Budget, all_eqns, equations, subjaxprs, too_large
 from ._edit import apply
 from ._site import locate, parsed
 
 MAX_FINDINGS = 5
 NO_GRADIENT = "certify finds no gradient at this point (the function jumps or leaves its domain)"
+# torch's reference: difference quotients of the original step that grow without settling
+NO_GRADIENT_TORCH = (
+    "the original step's difference quotients do not settle at this point: it has no gradient "
+    "there (the function jumps or leaves its domain)"
+)
 TOO_LARGE = "too large"  # the reference's name when certify and nansafe would cost too much
 RTOL = 2e-4
 ATOL = 1e-6
@@ -279,6 +285,8 @@ class _Program:
                     continue
 
                 def move(leaf: Any) -> Any:
+                    if jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key):
+                        return leaf  # a typed PRNG key (jax.random.key) is no float to move
                     a = np.asarray(leaf)
                     if a.dtype.kind != "f":
                         return leaf
@@ -300,7 +308,8 @@ class _Program:
         if self.info is None:
             return None
         try:
-            v = self.info.fun(*args, **self.kwargs)
+            args, kwargs = copied(args, self.kwargs)
+            v = self.info.fun(*args, **kwargs)
         except Exception:
             return None
         if self.info.has_aux:
@@ -334,7 +343,8 @@ class _Program:
         try:
             if self.info is None:
                 raise LookupError  # certify needs the loss: only nansafe can help
-            rep = certify(self.fun)(*self.args, **self.kwargs)
+            args, kwargs = copied(self.args, self.kwargs)
+            rep = certify(self.fun)(*args, **kwargs)
             label = next((f.detail.get("label") for f in rep.findings), None)
             outs = rep.outputs  # certify's outputs are the gradient (also for value_and_grad)
             if self.info.kind == "value_and_grad" and isinstance(outs, tuple) and len(outs) == 2:
@@ -349,7 +359,8 @@ class _Program:
         except Exception:  # noqa: S110  (no certificate: try nansafe)
             pass
         try:
-            out, rep = nansafe(self.fun, report=True)(*self.args, **self.kwargs)
+            args, kwargs = copied(self.args, self.kwargs)
+            out, rep = nansafe(self.fun, report=True)(*args, **kwargs)
             proven = all(f.detail.get("proven") is True for f in rep.by_kind("resolved"))
             leaves = _leaves(self.grad_part(out))
             if rep.by_kind("resolved") and not rep.by_kind("unresolved") and proven:
@@ -406,6 +417,8 @@ class _Program:
 
 
 def _run(fun: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+    """``fun`` run on its own copy of the arguments (a step may update them in place)."""
+    args, kwargs = copied(args, kwargs)
     try:
         return fun(*args, **kwargs), None
     except Exception as e:  # the fixed program fails: its error is the verdict
@@ -445,6 +458,7 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
     grad = _leaves(prog.grad_part(out))
     ref, ref_name = prog.original_reference()
     large = ""  # what stopped the gradient's comparison on a program too large to certify
+    conv = ""  # no true gradient here: the fixed one is a convention (the rest still checked)
     if ref_name == TOO_LARGE:
         fd = None
         if not note:
@@ -461,7 +475,7 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
             return "failed", f"gradient {_show(grad)} differs from {ref_name} {_show(ref)}"
         checked.append(f"gradient {_show(grad)} = {ref_name}")
     elif ref_name == NO_GRADIENT:
-        return "unverified", f"{ref_name}; the fixed gradient {_show(grad)} is a convention"
+        conv = f"the fixed gradient {_show(grad)}"  # the rest is checked, then said
     else:
         fd = None
         if not note:
@@ -492,9 +506,19 @@ def _check(prog: _Program, p: FixProposal, note: str | None) -> tuple[str, str]:
         if e is not None or not _close(_leaves(o), leaves, rtol=1e-3):
             return "failed", "the fix behaves differently under jax.jit"
         checked.append("under jit too")
+    if conv:
+        return "unverified", convention(NO_GRADIENT, conv, checked)
     if large:
         return "unverified", too_large(prog.size, ", ".join([large, *checked]))
     return "verified", ", ".join(checked)
+
+
+def convention(found: str, gradient: str, checked: list[str]) -> str:
+    """Why a fix that ran is not verified where the original program has no gradient at the
+    failing point (a jump, the edge of its domain): the fixed gradient is a convention there;
+    what was checked of the run is said (both backends)."""
+    text = f"{found}; {gradient} is a convention"
+    return f"{text}; checked: {', '.join(checked)}" if checked else text
 
 
 def _enclosing(tree: ast.Module, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
@@ -613,6 +637,7 @@ def trace(fun: Callable, args: tuple, kwargs: dict) -> Any:
     import jax
 
     try:
+        args, kwargs = copied(args, kwargs)
         return jax.make_jaxpr(fun)(*args, **kwargs)
     except Exception:  # the verification's own run says what is wrong
         return None
@@ -693,6 +718,18 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
         from ._verify_torch import verify_torch
 
         verify_torch(report, fun, args, kwargs)
+        return
+    try:
+        copied(args, kwargs)
+    except Uncopyable as why:  # a run could change it in place: the program is not run again
+        for f in todo:
+            for p in f.fixes:
+                if p.code is not None and p.status == "unverified":
+                    p.checked = (
+                        f"gradsan cannot copy {why} and running the program again could "
+                        "change it in place, so gradsan did not run it"
+                    )
+            f.suggestions = render_suggestions(f.fixes)
         return
     closed = trace(fun, args, kwargs)
     effects = side_effects(fun, args, kwargs, closed)

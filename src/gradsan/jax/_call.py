@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._errors import UsageError
-from . import _compat
+from . import _compat, _frameworks
 
 __all__ = [
     "FlatCall",
@@ -111,6 +111,7 @@ def flatten_call(
     every, in_tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
     all_labels = _path_labels(fun, (dyn_args, dyn_kwargs))
     keep = [is_traced_leaf(x) for x in every]
+    keep = _frameworks.static_fields(keep, (dyn_args, dyn_kwargs))  # equinox's static fields
     impls = [_key_impl(x) if k else None for x, k in zip(every, keep)]
     flat = [
         jax.random.key_data(x) if impl is not None else x

@@ -212,6 +212,22 @@ def _reference_codes() -> dict[Any, str]:
     return codes
 
 
+def _other_codes() -> set[Any]:
+    """The code objects of transformations whose result is another function than the one they
+    wrap (a batch of gradients, a Jacobian): grad_info never looks through them."""
+
+    def f(x):
+        return x
+
+    boundary = getattr(jax.grad(f), "__code__", None)  # jax's traceback wrapper, shared
+    codes = set()
+    for made in (jax.vmap(f), jax.jacfwd(f), jax.jacrev(f), jax.hessian(f)):
+        for code in (getattr(made, "__code__", None), _unboundary(made).__code__):
+            if code is not None and code not in (f.__code__, boundary):
+                codes.add(code)
+    return codes
+
+
 def _unboundary(fn: Any) -> Any:
     """The function inside jax's traceback-filtering wrapper (``api_boundary``)."""
     try:
@@ -222,13 +238,14 @@ def _unboundary(fn: Any) -> Any:
 
 
 _CODES: dict[Any, str] | None = None
+_OTHER: set[Any] | None = None
 
 
 def grad_info(fun: Any) -> GradInfo | None:
     """The arguments of ``jax.grad`` / ``jax.value_and_grad`` that made ``fun``, or None for any
     other function. Read from the closures of JAX's wrappers, compared by code object (never by
     docstring); None when this JAX lays them out differently."""
-    global _CODES
+    global _CODES, _OTHER
     if not callable(fun) or not hasattr(fun, "__wrapped__"):
         return None
     if _CODES is None:
@@ -236,7 +253,14 @@ def grad_info(fun: Any) -> GradInfo | None:
             _CODES = _reference_codes()
         except Exception:  # a JAX whose wrappers differ: recognise nothing
             _CODES = {}
+    if _OTHER is None:
+        try:
+            _OTHER = _other_codes()
+        except Exception:  # pragma: no cover - a JAX whose wrappers differ
+            _OTHER = set()
     inner = _unboundary(fun)
+    if {getattr(inner, "__code__", None), getattr(fun, "__code__", None)} & _OTHER:
+        return None  # vmap(jax.grad(f)), jacfwd(jax.grad(f)): not jax.grad(f)
     kind = _CODES.get(getattr(inner, "__code__", None))
     if kind is None:
         # jax.jit(jax.grad(f)) and functools.wraps wrappers: look through ``__wrapped__``

@@ -613,9 +613,13 @@ def _poison(node: Node, zero_from_frames: bool = True) -> Poison:
             )
         if zero_from is None:
             zero_from, constant = node.user_frame, zsrc is None
+    where = node.user_frame
+    if node.backward and node.place is not None and node.place.custom_vjp and where is not None:
+        # met in a custom_vjp backward rule, whose equations carry the call site (P3)
+        where = custom_vjp_rule_frame(where, prim) or where
     return Poison(
         op=prim,
-        where=node.user_frame,
+        where=where,
         form=form,
         backward=node.backward,
         op_class=op_class,
@@ -909,6 +913,11 @@ def diagnose(
     ``trace_fun`` computes the same outputs and is what gets traced (guard passes its already
     compiled twin, whose trace jax has cached).
     """
+    # an NNX step updates its module and optimizer arguments in place: their state after the
+    # call is checked as an output too (a step returning a finite loss can write NaN weights)
+    graph = _frameworks.graph_args(fun, args, kwargs) if trace_fun is None else []
+    if graph:
+        trace_fun = _frameworks.with_graph_state(fun)
     call = flatten_call(fun, args, kwargs, trace_fun)
     labels, leaves = arg_labels(fun, call.dyn_args, call.dyn_kwargs)
     check_args(leaves, labels, who)
@@ -920,7 +929,11 @@ def diagnose(
     interp = Provenance()
     with _compat.mesh_context(flat_args):
         outs, out_srcs = interp.explain_closed(traced.closed, flat_args, labels)
-    every_label = output_labels(fun, traced.out_shape, args, labels)
+    if graph:
+        every_label = output_labels(fun, traced.out_shape[0], args, labels)
+        every_label += _frameworks.state_labels(graph, traced.out_shape[1])
+    else:
+        every_label = output_labels(fun, traced.out_shape, args, labels)
     out_labels = [lbl for lbl, k in zip(every_label, traced.is_array) if k]
     report = Report(outputs=outputs, function=getattr(fun, "__name__", "function"), backend="jax")
     report.notes.extend(effects_notes(traced.closed.jaxpr, interp.effects_skipped))
@@ -990,6 +1003,6 @@ def explain(fun: Callable) -> Callable[..., Report]:
 
     @functools.wraps(fun)
     def explained(*args: Any, **kwargs: Any) -> Report:
-        return _fix.verified(diagnose(fun, args, kwargs, who="explain"), fun, args, kwargs, "jax")
+        return _fix.verified_before(lambda: diagnose(fun, args, kwargs), fun, args, kwargs, "jax")
 
     return explained

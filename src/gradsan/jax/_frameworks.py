@@ -319,3 +319,102 @@ def _segment(where: Frame, call: ast.Call, i: int) -> str:
         return ""
     text = ast.get_source_segment("".join(linecache.getlines(where.file)), call.args[i])
     return " ".join((text or "").split())
+
+
+# -- equinox's static fields ----------------------------------------------------------------------
+
+
+def _is_eqx_module(x: Any) -> bool:
+    eqx = sys.modules.get("equinox")
+    module = getattr(eqx, "Module", None) if eqx is not None else None
+    return module is not None and isinstance(x, module)
+
+
+def module_scalars(tree: Any) -> list[bool] | None:
+    """For each leaf of ``tree`` (in ``jax.tree_util.tree_leaves`` order), whether it is a Python
+    number inside an equinox Module (``Dropout.p``, ``inference=False``): equinox's filtered
+    transformations keep such a leaf static, so code branches on it in Python. None when the
+    tree holds no equinox Module (nothing to keep static)."""
+    import jax
+
+    if "equinox" not in sys.modules:
+        return None
+    found = False
+
+    def mark(node: Any) -> Any:
+        nonlocal found
+        if _is_eqx_module(node):
+            found = True
+            return jax.tree_util.tree_map(
+                lambda leaf: isinstance(leaf, (bool, int, float, complex)), node
+            )
+        return False
+
+    marked = jax.tree_util.tree_map(mark, tree, is_leaf=_is_eqx_module)
+    if not found:
+        return None
+    return [bool(m) for m in jax.tree_util.tree_leaves(marked)]
+
+
+def static_fields(keep: list[bool], tree: Any) -> list[bool]:
+    """``keep`` (which leaves of ``tree`` are traced) with equinox's static Python numbers left
+    out, as ``eqx.filter_jit`` leaves them out."""
+    marks = module_scalars(tree)
+    if marks is None or len(marks) != len(keep):
+        return keep
+    return [k and not m for k, m in zip(keep, marks)]
+
+
+# -- NNX's in-place updates -----------------------------------------------------------------------
+
+
+def graph_args(fun: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """The names of the NNX objects (modules, optimizers) passed as whole arguments: a call of
+    ``nnx.jit`` / ``nnx.grad`` updates them in place, so their state after the call is an output
+    of the call as much as what it returns. [] when flax.nnx is not imported or none is passed."""
+    nnx = sys.modules.get("flax.nnx")
+    base = (getattr(nnx, "Pytree", None) or getattr(nnx, "Object", None)) if nnx else None
+    if base is None:
+        return []
+    import inspect
+
+    try:
+        target = getattr(fun, "__wrapped__", fun)
+        names = [p.name for p in inspect.signature(target).parameters.values()]
+    except (TypeError, ValueError):
+        names = []
+    found = [
+        names[i] if i < len(names) else f"args[{i}]"
+        for i, a in enumerate(args)
+        if isinstance(a, base)
+    ]
+    return found + [k for k, v in kwargs.items() if isinstance(v, base)]
+
+
+def with_graph_state(fun: Callable) -> Callable:
+    """``fun`` returning ``(its outputs, [each NNX object argument after the call])``: traced on
+    the copies gradsan makes of the arguments, the second part is the state ``fun`` wrote."""
+    nnx = sys.modules["flax.nnx"]
+    base = getattr(nnx, "Pytree", None) or nnx.Object
+
+    @functools.wraps(fun)
+    def with_state(*a: Any, **k: Any) -> Any:
+        out = fun(*a, **k)
+        return out, [v for v in (*a, *k.values()) if isinstance(v, base)]
+
+    return with_state
+
+
+def state_labels(names: list[str], state_shape: Any) -> list[tuple[str, str]]:
+    """(path, kind) of each leaf of the NNX objects' state after the call: ``model.lin.kernel
+    .value (after the call)``."""
+    import jax
+
+    tree = jax.tree_util
+    labels = []
+    for path, _ in tree.tree_flatten_with_path(state_shape)[0]:
+        head, rest = path[0], path[1:]
+        i = getattr(head, "idx", 0)
+        name = names[i] if i < len(names) else f"args[{i}]"
+        labels.append((f"{name}{tree.keystr(tuple(rest))} (after the call)", "output"))
+    return labels

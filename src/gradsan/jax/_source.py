@@ -162,6 +162,8 @@ _OP_TEXT = {
     "pow": ("**", "pow"),
     "integer_pow": ("**",),
     "mul": ("*",),
+    "sub": (" - ", "subtract"),
+    "add": (" + ", "add"),
     "exp": ("exp",),
     "atan2": ("arctan2", "atan2"),
     "acos": ("arccos", "acos"),

@@ -35,7 +35,7 @@ import torch
 
 from .._catalog.entries.kinks import activation_corners, activation_jumps
 from ._compat import in_functorch
-from ._rules import COMPARISONS, activation_params, is_inplace, to_numpy
+from ._rules import COMPARISONS, activation_params, clamp_bounds, is_inplace, to_numpy
 
 DIRECTIONS = 2
 _EPS = 64 * float(np.finfo(np.float32).eps)
@@ -404,18 +404,7 @@ class Checker:
         return res
 
     def _clamp(self, name: str, a: list, kwargs: dict, out: torch.Tensor) -> list | None:
-        x = a[0] if a else kwargs.get("input")
-        base = name.rstrip("_")  # hardtanh_, clamp_min_, ...
-        if base == "hardtanh":
-            lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
-            hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
-        elif base == "relu6":
-            lo, hi = 0.0, 6.0
-        else:
-            lo = kwargs.get("min", a[1] if len(a) > 1 else None)
-            hi = kwargs.get("max", a[2] if len(a) > 2 else None)
-            if base == "clamp_max":
-                lo, hi = None, lo
+        x, lo, hi = clamp_bounds(name, a, kwargs)  # positional or by keyword
         tans = self.tangents([x, lo, hi, out])
         if tans is None:
             return None

@@ -305,7 +305,7 @@ def origin_event(
             dtype=str(t.dtype),
             scope=_scope(tag, paths),
             outputs=tuple(outputs),
-            input=namer.name(t),
+            input=namer.name(t if root.source is None or id(t) in namer.names else root.source),
             held=_result(t),
             unresolved=unresolved,
         )
@@ -459,6 +459,9 @@ def _build_report(
     with_grad = [
         (t, t.grad) for t in leaves.values() if t.grad is not None and t.grad.is_floating_point()
     ]
+    for t, grad in with_grad:  # backward adds into a .grad in place: a NaN it held is x.grad's
+        if id(t) in namer.names:
+            namer.names.setdefault(id(grad), f"{namer.names[id(t)]}.grad")
     for (t, grad), counts in zip(
         with_grad,
         _nonfinite_counts([g for _, g in with_grad], getattr(tracer, "counts_memo", None)),
@@ -641,6 +644,7 @@ class _Session:
         self.tracer: Tracer | None = None
         self.namer = Namer()
         self.extra_leaves: list[torch.Tensor] = []
+        self.old_grads: list[torch.Tensor] = []  # the .grads the call found (named x.grad)
         self.left: dict[str, Any] | None = None  # a with-block's variables at its end
 
     def __enter__(self) -> Report:
@@ -758,6 +762,7 @@ def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -
         if isinstance(a, torch.nn.Module):
             session.modules.append((a, _arg_name(fn, a, args, kwargs)))
     session.extra_leaves = [t for t in tensors_in((args, kwargs)) if t.requires_grad and t.is_leaf]
+    _name_old_grads(session)
     session.report.function = getattr(fn, "__name__", "function")
     report = session.__enter__()
     tracer = session.tracer
@@ -786,6 +791,23 @@ def run_functional(session: _Session, fn: Callable, args: tuple, kwargs: dict) -
     if ok:
         session.finish(tracer)
     return report
+
+
+def _name_old_grads(session: _Session) -> None:
+    """Name the ``.grad`` each argument (and module parameter) holds before the call: backward
+    adds into it, so a NaN it already held is blamed on ``x.grad``, not on the tensor ``x``.
+    The session keeps them alive (an id is not reused while it names one)."""
+    names = session.namer.names
+    held = session.old_grads
+    for t in session.extra_leaves:
+        if t.grad is not None and id(t) in names:
+            held.append(t.grad)
+            names.setdefault(id(t.grad), f"{names[id(t)]}.grad")
+    for m, prefix in session.modules:
+        for n, p in m.named_parameters():
+            if p.grad is not None:
+                held.append(p.grad)
+                names.setdefault(id(p.grad), f"{prefix}.{_strip(n)}.grad")
 
 
 def _arg_name(fn: Callable, obj: Any, args: tuple, kwargs: dict) -> str:
@@ -861,6 +883,6 @@ class explain(_Session):
             )
         session = type(self)(None)
         session.modules = list(self.modules)
-        return _fix.verified(
-            run_functional(session, self.fn, args, kwargs), self.fn, args, kwargs, BACKEND
+        return _fix.verified_before(
+            lambda: run_functional(session, self.fn, args, kwargs), self.fn, args, kwargs, BACKEND
         )

@@ -124,6 +124,7 @@ class External:
     """A non-finite tensor that no observed operation produced: an input of the function."""
 
     tensor: torch.Tensor
+    source: Any = None  # the tensor ``tensor`` is a copy of (an in-place op's destination)
 
 
 @dataclasses.dataclass(eq=False)
@@ -964,7 +965,11 @@ class _DispatchMode(TorchDispatchMode):
                     d = args[0]
                     nan = nonfinite(d) if is_float(d) else None
                     if nan is not None:
-                        dest = (d.clone(), self.tracer.producer_of(d) or External(d.clone()), nan)
+                        dest = (
+                            d.clone(),
+                            self.tracer.producer_of(d) or External(d.clone(), d),
+                            nan,
+                        )
         out = func(*args, **kwargs)
         with _compat.disable_torch_function():
             self.tracer.on_aten(func, node, args, kwargs, out, dest)

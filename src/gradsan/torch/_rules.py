@@ -282,6 +282,9 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
     op = FUNC_OPS.get(name)
     if name in LIBRARY_FUNCS:  # read whole by torch/_conventions.py
         return a, {LIBRARY: dict(kwargs)}
+    if not a and "input" in kwargs:  # torch.clamp(input=x, min=0), torch.div(input=x, other=y)
+        a = [kwargs["input"]]
+        kwargs = {k: v for k, v in kwargs.items() if k != "input"}
     if name in ("__rtruediv__", "__rdiv__", "__rpow__") and len(a) >= 2:
         a = [a[1], a[0]]
     if name.startswith("reciprocal"):
@@ -297,17 +300,8 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
             a.append(kwargs["other"])
         return a[:2], {"rounding_mode": kwargs.get("rounding_mode")} if op == "div" else {}
     if op == "clamp":
-        lo = kwargs.get("min", a[1] if len(a) > 1 else None)
-        hi = kwargs.get("max", a[2] if len(a) > 2 else None)
-        base = name.rstrip("_")  # hardtanh_, clamp_min_, ...
-        if base == "clamp_max":
-            lo, hi = None, lo
-        if base == "hardtanh":
-            lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
-            hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
-        if base == "relu6":
-            lo, hi = 0.0, 6.0
-        return [_in_dtype(lo, a[0]), a[0], _in_dtype(hi, a[0])], {}
+        x, lo, hi = clamp_bounds(name, a, kwargs)
+        return [_in_dtype(lo, x), x, _in_dtype(hi, x)], {}
     if op == "activation":
         return a[:1], activation_params(name, a, kwargs)
     if op == "logsumexp":  # torch.logsumexp(input, dim, keepdim=False)
@@ -330,6 +324,27 @@ def operands_for(name: str, args: Sequence[Any], kwargs: dict) -> tuple[list[Any
     if op == "select_n":
         return a[:3], {}
     return a[:1], {}
+
+
+def clamp_bounds(name: str, a: Sequence[Any], kwargs: dict) -> tuple[Any, Any, Any]:
+    """``(x, lo, hi)`` of a clamp-like call, positional or by keyword (None: no bound):
+    clamp/clip(x, min, max), clamp_min(x, min), clamp_max(x, max), their in-place forms and
+    Tensor methods, hardtanh(x, min_val, max_val), relu6."""
+    x = a[0] if a else kwargs.get("input")
+    base = name.rstrip("_")  # hardtanh_, clamp_min_, ...
+    if base == "hardtanh":
+        lo = kwargs.get("min_val", a[1] if len(a) > 1 else -1.0)
+        hi = kwargs.get("max_val", a[2] if len(a) > 2 else 1.0)
+    elif base == "relu6":
+        lo, hi = 0.0, 6.0
+    elif base == "clamp_max":
+        lo, hi = None, kwargs.get("max", a[1] if len(a) > 1 else None)
+    elif base == "clamp_min":
+        lo, hi = kwargs.get("min", a[1] if len(a) > 1 else None), None
+    else:
+        lo = kwargs.get("min", a[1] if len(a) > 1 else None)
+        hi = kwargs.get("max", a[2] if len(a) > 2 else None)
+    return x, lo, hi
 
 
 def _in_dtype(bound: Any, x: Any) -> Any:

@@ -11,7 +11,12 @@ from .._report import Frame
 from .._report._frames import frame_at
 from .._userfile import is_user_file
 
-_library_code: dict[CodeType, bool] = {}
+# id(code) -> (code, is it library code): keyed by identity, not by the code object, whose
+# equality ignores the file name (a user's function and a library's with the same text at the
+# same line are equal); the entry holds its code object, so the id is not reused while cached
+# (and an identity-keyed lookup skips hashing the code object, which is not cached)
+_library_code: dict[int, tuple[CodeType, bool]] = {}
+_MAX_CODES = 1 << 16
 
 
 def user_frame_object(depth: int = 1) -> FrameType | None:
@@ -20,9 +25,14 @@ def user_frame_object(depth: int = 1) -> FrameType | None:
     lib_code = _library_code
     while f is not None:
         code = f.f_code
-        lib = lib_code.get(code)
-        if lib is None:
-            lib = lib_code[code] = not is_user_file(code.co_filename)
+        got = lib_code.get(id(code))
+        if got is not None and got[0] is code:
+            lib = got[1]
+        else:
+            lib = not is_user_file(code.co_filename)
+            if len(lib_code) >= _MAX_CODES:  # exec'd copies (fix verification) come and go
+                lib_code.clear()
+            lib_code[id(code)] = (code, lib)
         if not lib:
             return f
         f = f.f_back

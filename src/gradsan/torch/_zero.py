@@ -93,6 +93,20 @@ _CREATE = {
     "tril",
     "triu",
 }
+_MULS = ("mul", "__mul__", "__rmul__", "multiply")
+# products and quotients whose zero result from nonzero finite operands is a rounding to 0
+_ROUNDS = (
+    "mul",
+    "__mul__",
+    "__rmul__",
+    "multiply",
+    "div",
+    "__truediv__",
+    "true_divide",
+    "divide",
+    "pow",
+    "__pow__",
+)
 _EXP = {"exp", "exp2", "sigmoid", "softmax", "expm1", "aten.exp", "aten.sigmoid"}
 
 
@@ -157,6 +171,9 @@ class ZeroRec:
     from_bool: bool = False  # a float made from a boolean or integer tensor
     nonfinite_in: bool = False  # an input held an inf (exp(-inf) = 0)
     backward: bool = False
+    # a Python number 0 (or a 0-d wrapped number) among the operands: `y * 0.0`, whose zero
+    # is a constant the program wrote, not a rounding
+    literal_zero: bool = False
 
 
 def _frame(rec: ZeroRec) -> Any:
@@ -171,6 +188,7 @@ def _library(rec: ZeroRec) -> str | None:
 
 
 _LITERAL: Any = object()  # the zeros an autograd Node writes itself
+_NUMBER: Any = object()  # a Python number 0 an operation read (`y * 0.0`)
 
 
 class _Walk:
@@ -182,6 +200,8 @@ class _Walk:
         tr = self.tracer
         if k is _LITERAL:
             return ZeroStep(B.LITERAL, op="literal", backward=True), None
+        if k is _NUMBER:
+            return ZeroStep(B.LITERAL, op="literal"), None
         rec: ZeroRec | None = tr.zero_bwd.get(k)
         if rec is None:
             rec = tr.zero_fwd.get(k)
@@ -204,7 +224,7 @@ class _Walk:
             if node.startswith(_DROPS):
                 return ZeroStep(B.DROP, **step), _LITERAL
             if nxt is None:
-                return self._birth(rec, step), None
+                return self._born(rec, step)
             fwd = nxt not in tr.zero_bwd
             if fwd and not node.startswith(_PRODUCTS) and not node.startswith(_PASS_NODES):
                 frec = tr.zero_fwd.get(nxt)
@@ -222,12 +242,17 @@ class _Walk:
         if name == "where":
             return ZeroStep(B.SELECT, **step), nxt
         if nxt is None:
-            return self._birth(rec, step), None
+            return self._born(rec, step)
         if name in ("mul", "__mul__", "__rmul__", "multiply", "mm", "matmul", "__matmul__"):
             return ZeroStep(B.MUL, **step), nxt
         if name in ("pow", "__pow__", "__rpow__", "float_power"):
             return ZeroStep(B.VALUE, **step), None
         return ZeroStep(B.PASS, **step), nxt
+
+    def _born(self, rec: ZeroRec, step: dict) -> tuple[ZeroStep, Any]:
+        """The step where the zero was born; a product with a number 0 is followed to it."""
+        s = self._birth(rec, step)
+        return s, (_NUMBER if s.role == B.MUL else None)
 
     @staticmethod
     def _birth(rec: ZeroRec, step: dict) -> ZeroStep:
@@ -240,7 +265,12 @@ class _Walk:
             return ZeroStep(B.UNDERFLOW, **step)
         if name in _CREATE or name.rstrip("_") in _CREATE:
             return ZeroStep(B.LITERAL, **step)
-        if name in ("mul", "__mul__", "div", "__truediv__", "true_divide", "pow", "__pow__"):
+        if name in _ROUNDS:
+            if rec.literal_zero:  # a number 0 of the program among the operands: no rounding
+                return ZeroStep(B.MUL if name in _MULS else B.VALUE, **step)
+            if rec.nonfinite_in:  # x / inf, inf ** -1: exactly 0 from an infinite operand
+                return ZeroStep(B.VALUE, **step)
+            # every operand nonzero and finite, the result 0: it rounded to 0
             return ZeroStep(B.UNDERFLOW, **step)
         if name in ("sub", "__sub__", "__rsub__", "add", "__add__", "rsub"):
             return ZeroStep(B.CANCEL, **step)
@@ -327,7 +357,9 @@ def record_forward(tracer: Any, name: str, tag: Any, args: tuple, kwargs: dict, 
             [] if from_bool or name in _EXP else [key(a) for a in ins if a is not t and has_zero(a)]
         )
         inf_in = any(is_float(a) and nonfinite(a) is not None for a in ins)
-        tracer.zero_fwd[key(t)] = ZeroRec(name, tag, "", zin, from_bool, inf_in, False)
+        tracer.zero_fwd[key(t)] = ZeroRec(
+            name, tag, "", zin, from_bool, inf_in, False, _number_zero(args, kwargs)
+        )
 
 
 def record_backward(tracer: Any, name: str, node: Any, args: tuple, kwargs: dict, o: Any) -> None:
@@ -343,4 +375,24 @@ def record_backward(tracer: Any, name: str, node: Any, args: tuple, kwargs: dict
     from_bool = bool(ins) and not any(is_float(a) for a in ins)
     inf_in = any(is_float(a) and bool(torch.isinf(a).any()) for a in ins if a.numel() < 1 << 22)
     nm = node.name() if node is not None else ""
-    tracer.zero_bwd[key(o)] = ZeroRec(name, _tag_of(node), nm, zin, from_bool, inf_in, True)
+    lit = _number_zero(args, kwargs)
+    tracer.zero_bwd[key(o)] = ZeroRec(name, _tag_of(node), nm, zin, from_bool, inf_in, True, lit)
+
+
+def _number_zero(args: tuple, kwargs: dict) -> bool:
+    """A Python number 0 among an operation's arguments (`y * 0.0`; the scalar a MulBackward
+    multiplies the incoming gradient by), or a 0-d tensor torch wrapped one in."""
+    for a in (*args, *kwargs.values()):
+        if type(a) in (int, float) and a == 0:
+            return True
+        if isinstance(a, torch.Tensor) and a.dim() == 0 and _wrapped(a) and a.item() == 0:
+            return True
+    return False
+
+
+def _wrapped(t: torch.Tensor) -> bool:
+    """A 0-d tensor torch made from a Python number (aten.mul.Tensor(x, 0.0) in a backward)."""
+    try:
+        return bool(torch._C._is_wrapped_number(t))  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        return False
