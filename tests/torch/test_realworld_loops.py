@@ -565,12 +565,6 @@ def _closure_step():
     return step
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_fix/_verify_torch.py (treport): a step whose parameters are in its closure has "
-    "no leaves among its arguments; central() compares an empty gradient and the fix is "
-    "printed as 'verified: ... gradient [] matches central differences'",
-)
 def test_a_fix_is_not_verified_by_an_empty_gradient():
     report = gst.explain(_closure_step())(torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64))
     assert all(p.status != "verified" for f in report.findings for p in f.fixes)

@@ -156,6 +156,36 @@ def verified(report, fun, args, kwargs, backend: str):  # type: ignore[no-untype
     return report
 
 
+def verified_before(run, fun, args, kwargs, backend: str):  # type: ignore[no-untyped-def]
+    """The report ``run()`` makes (it calls the user's program), with its fixes verified at the
+    arguments as they were before that call: a step updates its NNX module and optimizer (or a
+    dict of arrays) in place, and the failing point is the state it started from. Each of the
+    verifier's runs gets a copy of that state, so the user's objects stay as ``run()`` left
+    them. Where the arguments cannot be copied, the verifier is given them as they are and
+    runs nothing (it says so)."""
+    if backend == "torch":  # the step's modules, optimizers and RNGs as they were, then back
+        from ._verify_torch import Saved
+
+        before = Saved(fun, tuple(args), dict(kwargs or {}))
+        report = run()
+        after = Saved(fun, tuple(args), dict(kwargs or {}))
+        before.restore()
+        try:
+            verify_report(report, fun, args, kwargs, backend)
+        finally:
+            after.restore()
+        return report
+    from ._copies import Uncopyable, copied
+
+    try:
+        args, kwargs = copied(tuple(args), dict(kwargs or {}))
+    except Uncopyable:
+        pass  # verify() finds the same and leaves the fixes unverified, saying why
+    report = run()
+    verify_report(report, fun, args, kwargs, backend)
+    return report
+
+
 def verify_kinks(report, fun, args, kwargs, backend: str):  # type: ignore[no-untyped-def]
     """``report`` with its kink findings' fixes verified against the Clarke set (:mod:`._kinks`):
     the hook sanitize's report path calls."""

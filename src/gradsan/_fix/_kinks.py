@@ -270,7 +270,7 @@ def _torch_box(prog: Any) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
 
 def _torch_check(prog: Any, f: Finding, p: FixProposal, box: tuple, adm: Any) -> tuple[str, str]:
     from ._verify import _show
-    from ._verify_torch import Ran, _copy, _moved, _step, run_fixed, same_value
+    from ._verify_torch import Ran, _copy, _moved, _step, loss_only, run_fixed, same_value
 
     ran = run_fixed(prog, "the fixed gradient is not finite at the kink")
     if not isinstance(ran, Ran):
@@ -278,6 +278,8 @@ def _torch_check(prog: Any, f: Finding, p: FixProposal, box: tuple, adm: Any) ->
     value, grads = ran
     if not same_value(value, prog.value):
         return "failed", "the fix changes the forward value"
+    if not grads:  # no leaf among the arguments: an empty gradient is in any box
+        return loss_only(prog, ["same value"])
     if not _in_box(grads, *box):
         return "failed", (
             f"gradient {_show(grads)} is outside the one-sided gradients "

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._report._records import Finding, FixProposal, Report
+from ._copies import Uncopyable, copied
 from ._cost import REFERENCE_MAX_EQNS, Budget, all_eqns, equations, subjaxprs, too_large
 from ._edit import apply
 from ._site import locate, parsed
@@ -307,7 +308,8 @@ class _Program:
         if self.info is None:
             return None
         try:
-            v = self.info.fun(*args, **self.kwargs)
+            args, kwargs = copied(args, self.kwargs)
+            v = self.info.fun(*args, **kwargs)
         except Exception:
             return None
         if self.info.has_aux:
@@ -341,7 +343,8 @@ class _Program:
         try:
             if self.info is None:
                 raise LookupError  # certify needs the loss: only nansafe can help
-            rep = certify(self.fun)(*self.args, **self.kwargs)
+            args, kwargs = copied(self.args, self.kwargs)
+            rep = certify(self.fun)(*args, **kwargs)
             label = next((f.detail.get("label") for f in rep.findings), None)
             outs = rep.outputs  # certify's outputs are the gradient (also for value_and_grad)
             if self.info.kind == "value_and_grad" and isinstance(outs, tuple) and len(outs) == 2:
@@ -356,7 +359,8 @@ class _Program:
         except Exception:  # noqa: S110  (no certificate: try nansafe)
             pass
         try:
-            out, rep = nansafe(self.fun, report=True)(*self.args, **self.kwargs)
+            args, kwargs = copied(self.args, self.kwargs)
+            out, rep = nansafe(self.fun, report=True)(*args, **kwargs)
             proven = all(f.detail.get("proven") is True for f in rep.by_kind("resolved"))
             leaves = _leaves(self.grad_part(out))
             if rep.by_kind("resolved") and not rep.by_kind("unresolved") and proven:
@@ -413,6 +417,8 @@ class _Program:
 
 
 def _run(fun: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | None]:
+    """``fun`` run on its own copy of the arguments (a step may update them in place)."""
+    args, kwargs = copied(args, kwargs)
     try:
         return fun(*args, **kwargs), None
     except Exception as e:  # the fixed program fails: its error is the verdict
@@ -631,6 +637,7 @@ def trace(fun: Callable, args: tuple, kwargs: dict) -> Any:
     import jax
 
     try:
+        args, kwargs = copied(args, kwargs)
         return jax.make_jaxpr(fun)(*args, **kwargs)
     except Exception:  # the verification's own run says what is wrong
         return None
@@ -711,6 +718,18 @@ def verify(report: Report, fun: Callable, args: tuple, kwargs: dict, backend: st
         from ._verify_torch import verify_torch
 
         verify_torch(report, fun, args, kwargs)
+        return
+    try:
+        copied(args, kwargs)
+    except Uncopyable as why:  # a run could change it in place: the program is not run again
+        for f in todo:
+            for p in f.fixes:
+                if p.code is not None and p.status == "unverified":
+                    p.checked = (
+                        f"gradsan cannot copy {why} and running the program again could "
+                        "change it in place, so gradsan did not run it"
+                    )
+            f.suggestions = render_suggestions(f.fixes)
         return
     closed = trace(fun, args, kwargs)
     effects = side_effects(fun, args, kwargs, closed)

@@ -85,8 +85,121 @@ def _leaves(args: tuple, kwargs: dict) -> list:
     return out
 
 
+def reached(fn: Callable) -> tuple[list[tuple[str, Any]], list[Any], list[str]]:
+    """(name, module) and the optimizers ``fn`` reaches through its closure, its ``self`` and
+    the globals it names (as guard finds them), and the names of the iterators among them."""
+    import torch
+
+    cands: list[tuple[str, Any]] = []
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+            try:
+                cands.append((name, cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+        g = getattr(fn, "__globals__", {})
+        cands += [(n, g[n]) for n in code.co_names if n in g]
+    self_obj = getattr(fn, "__self__", None)
+    if self_obj is not None and hasattr(self_obj, "__dict__"):
+        cands += list(vars(self_obj).items())
+    mods: list[tuple[str, Any]] = []
+    opts: list[Any] = []
+    iters: list[str] = []
+    for name, c in cands:
+        if isinstance(c, torch.nn.Module):
+            if all(c is not m for _, m in mods):
+                mods.append((name, c))
+        elif isinstance(c, torch.optim.Optimizer):
+            opts.append(c)
+        elif hasattr(type(c), "__next__") and not isinstance(c, type):
+            iters.append(name)
+    return mods, opts, iters
+
+
+class Saved:
+    """The user's state a run of ``fn`` could change, as it is now: the parameters, buffers and
+    ``.grad`` of the modules ``fn`` reaches and of those (and the tensors) among its arguments,
+    its optimizers' state and the random number generators (torch's, numpy's and Python's);
+    ``restore()`` puts it back."""
+
+    def __init__(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
+        import random
+
+        import torch
+
+        mods, opts, _ = reached(fn)
+        tensors: list[Any] = []
+        for _, m in mods:
+            tensors += list(m.parameters()) + list(m.buffers())
+        for o in opts:
+            for group in o.param_groups:
+                tensors += [p for p in group["params"] if isinstance(p, torch.Tensor)]
+
+        def walk(a: Any) -> None:
+            if isinstance(a, torch.Tensor):
+                tensors.append(a)
+            elif isinstance(a, torch.nn.Module):
+                tensors.extend([*a.parameters(), *a.buffers()])
+            elif isinstance(a, (list, tuple)):
+                for x in a:
+                    walk(x)
+            elif isinstance(a, dict):
+                for x in a.values():
+                    walk(x)
+
+        walk(args)
+        walk(kwargs or {})
+        seen: set[int] = set()
+        self.saved = []
+        for t in tensors:
+            if id(t) not in seen:
+                seen.add(id(t))
+                g = t.grad if t.is_leaf else None
+                self.saved.append(
+                    (t, t.detach().clone(), None if g is None else g.detach().clone())
+                )
+        self.states = [(o, copy.deepcopy(o.state_dict())) for o in opts]
+        self.rng = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+
+    def restore(self) -> None:
+        import random
+
+        import torch
+
+        with torch.no_grad():
+            for t, v, g in self.saved:
+                t.copy_(v)
+                if t.is_leaf:
+                    t.grad = None if g is None else g.clone()
+        for o, st in self.states:
+            o.load_state_dict(copy.deepcopy(st))
+        torch.set_rng_state(self.rng[0])
+        np.random.set_state(self.rng[1])
+        random.setstate(self.rng[2])
+
+
+@contextlib.contextmanager
+def kept(fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """The user's state (:class:`Saved`) put back after the block."""
+    saved = Saved(fn, args, kwargs)
+    try:
+        yield
+    finally:
+        saved.restore()
+
+
 def _step(fn: Callable, args: tuple, kwargs: dict) -> tuple[float | None, list[np.ndarray] | None]:
-    """(the loss fn returns, the gradient of every leaf) of one run on these arguments."""
+    """(the loss fn returns, the gradient of every leaf among the arguments) of one run on these
+    arguments; the state of the user's that the run could change is put back after it."""
+    with kept(fn):
+        return _run_step(fn, args, kwargs)
+
+
+def _run_step(
+    fn: Callable, args: tuple, kwargs: dict
+) -> tuple[float | None, list[np.ndarray] | None]:
     import torch
 
     leaves = _leaves(args, kwargs)
@@ -95,7 +208,9 @@ def _step(fn: Callable, args: tuple, kwargs: dict) -> tuple[float | None, list[n
     value = None
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         value = float(loss.detach().reshape(()))
-        if all(t.grad is None for t in leaves) and loss.requires_grad:
+        # the step's own backward already ran where a leaf has a gradient (a second one would
+        # go through a freed graph); with no leaf among the arguments there is none to take
+        if leaves and all(t.grad is None for t in leaves) and loss.requires_grad:
             loss.backward()
     grads = [
         (t.grad if t.grad is not None else torch.zeros_like(t)).detach().double().cpu().numpy()
@@ -257,6 +372,8 @@ def _check(prog: _TorchProgram, p: FixProposal) -> tuple[str, str]:
         checked.append(f"value changed: {prog.value:.6g} -> {value:.6g}")
     else:
         checked.append("same value")
+    if not grads:  # no leaf among the arguments: nothing of the gradient to compare
+        return loss_only(prog, checked)
     with prog.original():
         fd = prog.central(grads)
     if fd is False:
@@ -294,6 +411,17 @@ def _check(prog: _TorchProgram, p: FixProposal) -> tuple[str, str]:
     return "verified", ", ".join(checked)
 
 
+def loss_only(prog: _TorchProgram, checked: list[str]) -> tuple[str, str]:
+    """The verdict where the step has no leaf among its arguments (its parameters live in its
+    closure): the gradient was not compared, so the fix is not verified."""
+    mods, _, _ = reached(prog.fn)
+    where = f" ({', '.join(n for n, _ in mods)} in its closure or globals)" if mods else ""
+    return "unverified", (
+        f"the step's parameters are not among its arguments{where}, so gradsan compared its "
+        f"loss only ({', '.join(checked)}), not its gradient"
+    )
+
+
 def verify_one(prog: _TorchProgram, f: Finding, p: FixProposal) -> tuple[str, str]:
     site = locate(f.where)
     if site is None or site.func is None or p.file is None:
@@ -326,6 +454,20 @@ def verify_torch(report: Report, fn: Callable, args: tuple, kwargs: dict) -> Non
         if f.kind in ("nonfinite", "unresolved") and any(p.code for p in f.fixes)
     ][:MAX_FINDINGS]
     if not todo:
+        return
+    iters = reached(fn)[2]
+    if iters:  # a run would advance them: the user's next batch would be another one
+        for f in todo:
+            for p in f.fixes:
+                if p.code is not None:
+                    p.status, p.checked = (
+                        "unverified",
+                        (
+                            f"the step reads from {', '.join(iters)}, which running it again would "
+                            "advance, so gradsan did not run it"
+                        ),
+                    )
+            f.suggestions = render_suggestions(f.fixes)
         return
     try:
         prog = _TorchProgram(fn, args, kwargs)

@@ -418,3 +418,56 @@ def state_labels(names: list[str], state_shape: Any) -> list[tuple[str, str]]:
         name = names[i] if i < len(names) else f"args[{i}]"
         labels.append((f"{name}{tree.keystr(tuple(rest))} (after the call)", "output"))
     return labels
+
+
+def nnx_objects(args: tuple, kwargs: dict) -> list[Any]:
+    """The NNX objects (modules, optimizers) among the arguments: [] at once when flax.nnx is
+    not imported (guard asks on every call)."""
+    nnx = sys.modules.get("flax.nnx")
+    if nnx is None:
+        return []
+    base = getattr(nnx, "Pytree", None) or getattr(nnx, "Object", None)
+    if base is None:
+        return []
+    return [v for v in (*args, *kwargs.values()) if isinstance(v, base)]
+
+
+def nnx_states(objs: list[Any]) -> list[Any]:
+    """Each object's state, in new Variable containers holding the same arrays (no copy of
+    the data: JAX arrays are immutable and NNX's in-place update swaps them, while the
+    Variables of ``nnx.state`` are the object's own): what :func:`nnx_restore` puts back."""
+    import jax
+
+    nnx = sys.modules["flax.nnx"]
+    return [jax.tree_util.tree_map(lambda x: x, nnx.state(o)) for o in objs]
+
+
+def nnx_restore(objs: list[Any], states: list[Any]) -> None:
+    nnx = sys.modules["flax.nnx"]
+    for o, s in zip(objs, states):
+        nnx.update(o, s)
+
+
+@functools.lru_cache(maxsize=1)
+def _all_finite() -> Callable:
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def check(xs: list) -> Any:
+        return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs]))
+
+    return check
+
+
+def nnx_finite(objs: list[Any]) -> bool:
+    """Whether every float array of the objects' state is finite (one compiled reduction)."""
+    import jax
+    import jax.numpy as jnp
+
+    leaves = [
+        x
+        for x in jax.tree_util.tree_leaves(nnx_states(objs))
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    return not leaves or bool(_all_finite()(leaves))

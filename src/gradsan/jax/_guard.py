@@ -23,7 +23,7 @@ import numpy as np
 
 from .._errors import NonFiniteError, UsageError
 from .._report import OutputHit, Report
-from . import _evalcache
+from . import _evalcache, _frameworks
 from ._call import check_callable
 from ._explain import diagnose
 from ._flags import (
@@ -366,6 +366,34 @@ class Checker:
         return report
 
 
+def _guarded_nnx(
+    checker: Checker, note: str | None, objs: list[Any], args: tuple, kwargs: dict
+) -> Any:
+    """A call given flax NNX modules or optimizers: what it returns and the state it wrote
+    into them are checked. On failure the objects get back their state from before the call
+    (the update is undone), and the call is replayed from there, its in-place update checked
+    as an output (``model.lin.kernel.value (after the call)``)."""
+    before = _frameworks.nnx_states(objs)
+    out, ok, via = checker.run(args, kwargs)
+    if ok and _frameworks.nnx_finite(objs):
+        return out
+    _frameworks.nnx_restore(objs, before)
+    try:
+        report = diagnose(checker.fun, args, kwargs, who="guard", trace_fun=None)
+    except UsageError as e:
+        report = checker.report(args, kwargs, out, via)
+        report.notes.append(f"the call could not be replayed with its NNX state: {e}")
+    _frameworks.nnx_restore(objs, before)  # (whatever the replay did to them)
+    names = ", ".join(f"`{type(o).__name__}`" for o in objs)
+    report.notes.append(
+        f"the call's in-place update of its NNX objects ({names}) was undone: they hold their "
+        "state from before the call"
+    )
+    if note is not None:
+        report.notes.append(note)
+    raise NonFiniteError(report)
+
+
 def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
     """A drop-in wrapper: the same signature and outputs, plus one finiteness check of the
     outputs. When an output is NaN or Inf, the same call is replayed through gradsan's
@@ -393,6 +421,9 @@ def guard(fun: Callable, *, keep_inputs: bool = True) -> Callable:
 
     @functools.wraps(fun)
     def guarded(*args: Any, **kwargs: Any) -> Any:
+        objs = _frameworks.nnx_objects(args, kwargs)
+        if objs:  # NNX updates these in place: their state is an output of the call too
+            return _guarded_nnx(checker, note, objs, args, kwargs)
         out, ok, via = run(args, kwargs)
         if ok:
             return out

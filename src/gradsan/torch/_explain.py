@@ -883,6 +883,6 @@ class explain(_Session):
             )
         session = type(self)(None)
         session.modules = list(self.modules)
-        return _fix.verified(
-            run_functional(session, self.fn, args, kwargs), self.fn, args, kwargs, BACKEND
+        return _fix.verified_before(
+            lambda: run_functional(session, self.fn, args, kwargs), self.fn, args, kwargs, BACKEND
         )
