@@ -175,7 +175,7 @@ def test_the_fused_check_finds_any_nonfinite_element(bad):
     assert finite(large)
 
 
-@pytest.mark.parametrize("at", [0, 5, 9])
+@pytest.mark.parametrize("at", [0, 5, 13])
 def test_the_fused_check_flattens_in_chunks_and_reads_every_one(monkeypatch, at):
     """Where the fused kernel is not there (or refuses a tensor), small CPU gradients are
     flattened at most _STACK elements at a time: a NaN in the first, a middle or the last
@@ -184,7 +184,7 @@ def test_the_fused_check_flattens_in_chunks_and_reads_every_one(monkeypatch, at)
 
     monkeypatch.setattr(_guard, "_STACK", 40)
     monkeypatch.setattr(_guard, "_fused_check", None)  # the path where the kernel refuses
-    gs = [torch.randn(3, 5) for _ in range(10)]  # 15 elements: chunks of 2
+    gs = [torch.randn(3, 5) for _ in range(14)]  # 15 elements: chunks of 2
     mixed = [torch.randn(3, dtype=torch.complex64), torch.randn(2, dtype=torch.float64)]
     assert _guard.finite(gs + mixed)
     gs[at][1, 2] = float("nan")
@@ -204,7 +204,8 @@ def test_the_fused_check_leaves_every_gradient_bit_for_bit(dtype):
 
     tiny = torch.finfo(dtype).tiny / 4  # a subnormal
     leaf = torch.ones(3, dtype=dtype, requires_grad=True)
-    gs = [torch.tensor([1.5, -0.0, tiny, 2.0], dtype=dtype) for _ in range(3)]
+    n = _guard._FUSE_MIN  # enough small gradients for the fused kernel
+    gs = [torch.tensor([1.5, -0.0, tiny, 2.0], dtype=dtype) for _ in range(n)]
     gs.append(leaf * 2)  # a gradient with history (create_graph=True)
     bits = [g.detach().view(torch.uint8).clone() for g in gs]
     versions = [g._version for g in gs]
@@ -219,14 +220,32 @@ def test_the_fused_check_leaves_every_gradient_bit_for_bit(dtype):
     gs[-1].sum().backward()
     assert torch.equal(leaf.grad, torch.full((3,), 2.0, dtype=dtype))
     for bad in (float("nan"), float("inf"), -float("inf")):
-        for i in range(3):
+        for i in (0, n // 2, n - 1):
             gs[i].view(-1)[2] = bad
             assert not _guard.finite(gs)
             gs[i].view(-1)[2] = tiny
     payload = torch.tensor([0x7FC00123], dtype=torch.int32).view(torch.float32)
-    pair = [payload.clone(), torch.zeros(2)]
+    pair = [payload.clone()] + [torch.zeros(2) for _ in range(n)]
     assert not _guard.finite(pair)
     assert pair[0].view(torch.int32).item() == 0x7FC00123  # the NaN's payload kept
+
+
+def test_the_fused_check_runs_from_a_dozen_small_gradients(monkeypatch):
+    """Fewer than _FUSE_MIN small gradients are summed one by one (cheaper, measured); from
+    _FUSE_MIN on the fused kernel takes them in one call."""
+    from gradsan.torch import _guard
+
+    calls = []
+    real = _guard._cpu_fused
+    monkeypatch.setattr(_guard, "_cpu_fused", lambda gs: calls.append(len(gs)) or real(gs))
+    few = [torch.randn(8) for _ in range(_guard._FUSE_MIN - 1)]
+    assert _guard.finite(few) and calls == []
+    few[3][0] = float("nan")
+    assert not _guard.finite(few) and calls == []
+    many = [torch.randn(8) for _ in range(_guard._FUSE_MIN)] + [torch.randn(5000)]
+    assert _guard.finite(many) and calls == [_guard._FUSE_MIN]
+    many[-1][7] = float("inf")  # the large one, summed
+    assert not _guard.finite(many)
 
 
 def test_the_fused_check_hands_what_the_kernel_refuses_to_the_sums():
@@ -234,13 +253,15 @@ def test_the_fused_check_hands_what_the_kernel_refuses_to_the_sums():
     summed instead, and a NaN in either is still found."""
     from gradsan.torch import _guard
 
-    gs = [torch.randn(4), torch.randn(1).expand(6), torch.randn(3, dtype=torch.complex64)]
+    pad = [torch.randn(4) for _ in range(_guard._FUSE_MIN)]  # enough for the kernel
+    gs = pad + [torch.randn(1).expand(6), torch.randn(3, dtype=torch.complex64)]
     assert _guard.finite(gs)
-    gs[1] = torch.tensor([float("nan")]).expand(6)
+    gs[-2] = torch.tensor([float("nan")]).expand(6)
     assert not _guard.finite(gs)
-    gs[1] = torch.randn(1).expand(6)
-    gs[2][0] = complex(float("nan"), 0)
+    gs[-2] = torch.randn(1).expand(6)
+    gs[-1][0] = complex(float("nan"), 0)
     assert not _guard.finite(gs)
+    assert _guard._cpu_fused(pad + [torch.randn(1).expand(6)]) is None  # refused
 
 
 def test_each_step_puts_every_patch_back_and_keeps_the_hook_order():
