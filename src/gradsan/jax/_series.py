@@ -98,17 +98,23 @@ def _tangent_part(v: Any) -> Any:
     return jnp.where(jnp.isfinite(fixed), v - fixed, jnp.zeros_like(v))
 
 
-class PieceReader(TapReader):
+class _OnPieces:
+    """A walk whose kinks at ``pieces`` are differentiated on their piece."""
+
+    pieces: dict
+
+    def evaluate(self, eqn: Any, invals: list, key: tuple) -> list:
+        if key in self.pieces:
+            return on_piece(eqn, invals, self.pieces[key])
+        return super().evaluate(eqn, invals, key)  # type: ignore[misc]
+
+
+class PieceReader(_OnPieces, TapReader):
     """:class:`TapReader` with the kinks at ``pieces`` differentiated on their piece."""
 
     def __init__(self, want: set, pieces: dict) -> None:
         super().__init__(want)
         self.pieces = pieces
-
-    def evaluate(self, eqn: Any, invals: list, key: tuple) -> list:
-        if key in self.pieces:
-            return on_piece(eqn, invals, self.pieces[key])
-        return super().evaluate(eqn, invals, key)
 
     def call(
         self,
@@ -127,17 +133,12 @@ class PieceReader(TapReader):
         return super().call(eqn, jaxpr, consts, invals, insides, scope, key)
 
 
-class PieceInjector(Injector):
+class PieceInjector(_OnPieces, Injector):
     """:class:`Injector` with the kinks at ``pieces`` differentiated on their piece."""
 
     def __init__(self, table: dict, eps: Any, marks: dict, pieces: dict) -> None:
         super().__init__(table, eps, marks)
         self.pieces = pieces
-
-    def evaluate(self, eqn: Any, invals: list, key: tuple) -> list:
-        if key in self.pieces:
-            return on_piece(eqn, invals, self.pieces[key])
-        return super().evaluate(eqn, invals, key)
 
     def call(
         self,

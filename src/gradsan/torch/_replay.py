@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ._nodes import _same_bits as same_bits
+
 
 class Unsafe(Exception):
     """The replay would have a side effect (a reason, in words)."""
@@ -249,22 +251,10 @@ class ModuleState:
         bits differ (a write through ``p.data`` does not count a version)."""
         with torch.no_grad():
             for t, s, v in zip(self.tensors, self.saved, self.versions):
-                if t._version != v or not _same_bits(t, s):
+                if t._version != v or not same_bits(t.detach(), s):
                     t.copy_(s)
             for b, s in zip(self.buffers, self.buffers_saved):
                 b.copy_(s)
-
-
-def _same_bits(t: torch.Tensor, s: torch.Tensor) -> bool:
-    """Whether ``t`` holds exactly ``s`` (NaN included)."""
-    a, b = t.detach(), s
-    if a.is_complex():
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    return (
-        bool(((a == b) | (a.isnan() & b.isnan())).all())
-        if a.is_floating_point()
-        else (torch.equal(a, b))
-    )
 
 
 def replay_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
